@@ -1,0 +1,115 @@
+"""Compile one kernel variant to a cubin plus its metadata, and check the result.
+
+Run once per variant, in its own process (``cute.compile`` is not thread-safe)::
+
+    python -m kernel_src.compile_variant --family ssd_chunk_cumsum \
+        --constants '{"chunk_size": 256, "dt_dtype": "bf16"}' --arch sm_90a \
+        --cubin build/sm_90a/cubins/X.cubin --meta build/sm_90a/meta/X.json
+
+The metadata JSON holds the variant's manifest entry (everything but the path prefix). Any failure
+prints the variant's name and exits non-zero, leaving no output files behind.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kernel_src import abi, cubin_checks, toolchain
+from kernel_src.families import kernel_class, variant_key, variant_stem
+
+
+def compile_variant(family: str, constants: dict, arch: str) -> tuple[bytes, dict]:
+    """Compile and check one variant; return the cubin bytes and its manifest entry."""
+    import cuda.bindings.driver as cuda
+    import cutlass.cute as cute
+
+    kernel = kernel_class(family)(**constants)
+    params = kernel.params()
+    placeholders = [abi.placeholder(p) for p in params]
+    with tempfile.TemporaryDirectory() as dump_dir:
+        compiled = cute.compile(kernel, *placeholders, cuda.CUstream(0),
+                                options=f"{toolchain.compile_options(arch)} --keep-ptx --dump-dir {dump_dir}")
+        cubin = compiled.__cubin__
+        if not isinstance(cubin, bytes):  # the DSL returns the intended path when it could not dump
+            raise RuntimeError(f"cute.compile produced no cubin bytes (got {cubin!r})")
+        ptx_isa = _ptx_isa_version(Path(dump_dir))
+    symbols = list(compiled.kernel_info)
+    if len(symbols) != 1:
+        raise RuntimeError(f"expected one kernel per variant, the DSL reports {symbols}")
+    symbol = symbols[0]
+
+    param_rows = abi.layout(params)
+    cubin_checks.check_arch(cubin, arch)
+    cubin_checks.check_symbols(cubin, symbol)
+    cubin_checks.check_params(cubin, symbol, param_rows)
+    res = cubin_checks.resources(cubin, symbol, toolchain.cuobjdump())
+    cubin_checks.check_resources(res, arch, kernel.dynamic_smem)
+
+    entry = {
+        "family": family,
+        "key": variant_key(family, constants),
+        "constants": constants,
+        "file": f"cubins/{variant_stem(family, constants)}.cubin",
+        "sha256": hashlib.sha256(cubin).hexdigest(),
+        "size": len(cubin),
+        "kernel": symbol,
+        "block": list(kernel.block),
+        "cluster": list(kernel.cluster),
+        "dynamic_smem": kernel.dynamic_smem,
+        "static_smem": res.static_smem,
+        "registers": res.registers,
+        "grid": kernel.grid_rule,
+        "params": param_rows,
+        "ptx_isa": ptx_isa,
+        "validated": getattr(kernel, "validated", True),
+    }
+    return cubin, entry
+
+
+def _ptx_isa_version(dump_dir: Path) -> str:
+    ptx = next(dump_dir.glob("*.ptx"), None)
+    match = re.search(r"^\.version\s+(\S+)", ptx.read_text(), re.M) if ptx else None
+    if match is None:
+        raise RuntimeError("the DSL left no PTX with a .version line")
+    return match.group(1)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", required=True)
+    parser.add_argument("--constants", required=True, help="JSON object of the variant's constants")
+    parser.add_argument("--arch", required=True, help="e.g. sm_90a, sm_100a")
+    parser.add_argument("--cubin", required=True, type=Path)
+    parser.add_argument("--meta", required=True, type=Path)
+    args = parser.parse_args(argv)
+    constants = json.loads(args.constants)
+    name = f"{args.arch} {variant_key(args.family, constants)}"
+    start = time.perf_counter()
+    try:
+        cubin, entry = compile_variant(args.family, constants, args.arch)
+    except Exception as exc:  # the build must name the variant whatever went wrong
+        print(f"FAILED {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    _write_atomically(args.cubin, cubin)
+    _write_atomically(args.meta, (json.dumps(entry, indent=1, sort_keys=True) + "\n").encode())
+    print(f"compiled {name}  {time.perf_counter() - start:5.2f} s  {entry['registers']} regs  "
+          f"{entry['size']} B", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

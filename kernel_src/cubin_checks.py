@@ -1,0 +1,135 @@
+"""Build-time checks on a compiled cubin: target architecture, kernel symbol, parameter table, resources.
+
+Each check raises :class:`CubinCheckError` with a message that says what was expected. The parameter
+table is read from the cubin's own ``.nv.info.<kernel>`` section (EIATTR_KPARAM_INFO records), register,
+stack, local and shared memory use from ``cuobjdump -res-usage`` (the ``nvidia-cuda-cuobjdump`` package).
+"""
+from __future__ import annotations
+
+import io
+import re
+import struct
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from elftools.elf.elffile import ELFFile
+
+# ELF e_flags of an sm_XYa cubin (arch-specific targets, as cute.compile --gpu-arch emits them).
+ARCH_E_FLAGS = {
+    "sm_80": 0x00500550,
+    "sm_90a": 0x005A0D5A,
+    "sm_100a": 0x0600640A,
+    "sm_103a": 0x0600670A,
+    "sm_120a": 0x0600780A,
+}
+
+# Shared memory one CTA may use (static + dynamic, bytes), by target.
+SMEM_LIMIT = {"sm_80": 166912, "sm_90a": 232448, "sm_100a": 232448, "sm_103a": 232448, "sm_120a": 101376}
+
+# Undefined symbols the driver resolves at load time; anything else would fail to load.
+DRIVER_SYMBOLS = {"vprintf", "__assertfail"}
+
+_EIFMT_NVAL, _EIFMT_BVAL, _EIFMT_HVAL, _EIFMT_SVAL = 1, 2, 3, 4
+_EIATTR_KPARAM_INFO = 0x17
+
+
+class CubinCheckError(Exception):
+    """A compiled cubin does not match what the build asked for."""
+
+
+@dataclass(frozen=True)
+class Resources:
+    registers: int
+    stack: int
+    local: int
+    static_smem: int
+
+
+def _elf(cubin: bytes) -> ELFFile:
+    return ELFFile(io.BytesIO(cubin))
+
+
+def check_arch(cubin: bytes, arch: str) -> None:
+    """The ELF header's e_flags must be those of ``arch`` (e.g. ``sm_90a``)."""
+    if arch not in ARCH_E_FLAGS:
+        raise CubinCheckError(f"no known ELF flags for arch {arch!r}; known: {sorted(ARCH_E_FLAGS)}")
+    flags = _elf(cubin).header.e_flags
+    if flags != ARCH_E_FLAGS[arch]:
+        found = [a for a, f in ARCH_E_FLAGS.items() if f == flags]
+        raise CubinCheckError(
+            f"cubin ELF flags {flags:#010x} ({found[0] if found else 'unknown arch'}) do not match the "
+            f"requested arch {arch} ({ARCH_E_FLAGS[arch]:#010x})")
+
+
+def check_symbols(cubin: bytes, kernel: str) -> None:
+    """``kernel`` must be a defined global function; undefined symbols only the driver's own."""
+    symtab = _elf(cubin).get_section_by_name(".symtab")
+    entries = [] if symtab is None else list(symtab.iter_symbols())
+    defined = {s.name for s in entries if s["st_info"]["type"] == "STT_FUNC" and s["st_shndx"] != "SHN_UNDEF"}
+    if kernel not in defined:
+        raise CubinCheckError(f"kernel symbol {kernel!r} is not defined in the cubin (defined: {sorted(defined)})")
+    # The .nv.reservedSmem.* objects are placeholders the driver fills in; functions must all be defined.
+    undefined = {s.name for s in entries if s.name and s["st_shndx"] == "SHN_UNDEF"
+                 and s["st_info"]["type"] != "STT_OBJECT"} - DRIVER_SYMBOLS
+    if undefined:
+        raise CubinCheckError(f"cubin has undefined functions {sorted(undefined)}; only {sorted(DRIVER_SYMBOLS)} "
+                              "are resolved by the driver")
+
+
+def kernel_params(cubin: bytes, kernel: str) -> list[tuple[int, int, int]]:
+    """The cubin's parameter table for ``kernel``: ``[(ordinal, offset, size)]`` sorted by ordinal."""
+    section = _elf(cubin).get_section_by_name(f".nv.info.{kernel}")
+    if section is None:
+        raise CubinCheckError(f"cubin has no .nv.info.{kernel} section")
+    data, pos, params = section.data(), 0, []
+    while pos < len(data):
+        fmt, attr = data[pos], data[pos + 1]
+        pos += 2
+        if fmt == _EIFMT_SVAL:
+            (size,) = struct.unpack_from("<H", data, pos)
+            payload = data[pos + 2:pos + 2 + size]
+            pos += 2 + size
+            if attr == _EIATTR_KPARAM_INFO:
+                _index, ordinal, offset, packed = struct.unpack_from("<IHHI", payload)
+                params.append((ordinal, offset, (packed >> 18) & 0x3FFF))
+        elif fmt in (_EIFMT_NVAL, _EIFMT_BVAL, _EIFMT_HVAL):  # records are 4-byte units: value or padding
+            pos += 2
+        else:
+            raise CubinCheckError(f"unknown .nv.info record format {fmt} in {section.name}")
+    return sorted(params)
+
+
+def check_params(cubin: bytes, kernel: str, expected: list[dict]) -> None:
+    """The manifest's param rows (``name``, ``kind``, ``size``, ``offset``) must equal the cubin's table."""
+    actual = [(offset, size) for _ordinal, offset, size in kernel_params(cubin, kernel)]
+    wanted = [(row["offset"], row["size"]) for row in expected]
+    if actual != wanted:
+        lines = [f"  {i}: manifest {row['name']} ({row['kind']}) offset {row['offset']} size {row['size']}"
+                 for i, row in enumerate(expected)]
+        raise CubinCheckError("manifest param list does not match the cubin's parameter table\n"
+                              f"  cubin (offset, size): {actual}\n" + "\n".join(lines))
+
+
+def resources(cubin: bytes, kernel: str, cuobjdump: str) -> Resources:
+    """Registers, stack frame, local memory and static shared memory of ``kernel``, from cuobjdump."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        report = subprocess.run([cuobjdump, "-res-usage", str(path)], check=True, capture_output=True,
+                                text=True).stdout
+    block = report.split(f"Function {kernel}:", 1)
+    if len(block) != 2:
+        raise CubinCheckError(f"cuobjdump -res-usage reports no function {kernel!r}")
+    values = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", block[1].split("Function ", 1)[0]))
+    return Resources(int(values["REG"]), int(values["STACK"]), int(values["LOCAL"]), int(values["SHARED"]))
+
+
+def check_resources(res: Resources, arch: str, dynamic_smem: int) -> None:
+    """No spills or local memory; static + dynamic shared memory within the arch's per-CTA limit."""
+    if res.stack or res.local:
+        raise CubinCheckError(f"kernel spills or uses local memory (stack {res.stack} B, local {res.local} B)")
+    if res.static_smem + dynamic_smem > SMEM_LIMIT[arch]:
+        raise CubinCheckError(f"shared memory {res.static_smem} static + {dynamic_smem} dynamic bytes exceeds "
+                              f"the {SMEM_LIMIT[arch]} B limit of {arch}")

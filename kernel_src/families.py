@@ -1,0 +1,46 @@
+"""The kernel families the build knows, by name, and how a variant is named.
+
+A variant is one family plus one value for each of its compile-time constants (chunk size, dtypes, ...).
+"""
+from __future__ import annotations
+
+import importlib
+import itertools
+
+# family name -> "module:Class" in kernel_src (imported lazily: importing the DSL takes ~0.6 s)
+FAMILIES = {
+    "ssd_chunk_cumsum": "kernel_src.ssd_chunk_cumsum:ChunkCumsum",
+}
+
+
+def kernel_module_path(family: str) -> str:
+    """The source file of a family, relative to the repository root (the build's dependency)."""
+    return FAMILIES[family].split(":")[0].replace(".", "/") + ".py"
+
+
+def kernel_class(family: str):
+    module, cls = FAMILIES[family].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def variant_key(family: str, constants: dict) -> str:
+    """``family[a=1,b=x]``: the manifest's variant key (constants in name order)."""
+    return f"{family}[" + ",".join(f"{k}={constants[k]}" for k in sorted(constants)) + "]"
+
+
+def variant_stem(family: str, constants: dict) -> str:
+    """``family.a-1.b-x``: the file name stem of a variant's cubin and metadata."""
+    return ".".join([family] + [f"{k}-{constants[k]}" for k in sorted(constants)])
+
+
+def expand(config: dict) -> list[tuple[str, dict]]:
+    """All variants of a build config ``{family: {constant: [values]}}``, in a stable order."""
+    variants = []
+    for family in sorted(config):
+        if family not in FAMILIES:
+            raise ValueError(f"build config names unknown family {family!r}; known: {sorted(FAMILIES)}")
+        axes = config[family]
+        names = sorted(axes)
+        for values in itertools.product(*(axes[n] for n in names)):
+            variants.append((family, dict(zip(names, values))))
+    return variants
