@@ -1,0 +1,150 @@
+"""The AOT build: cubin checks that must fail on a wrong arch or param list, and reproducible, incremental builds."""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+pytest.importorskip("cutlass", reason="the build tests need the CuTe DSL (requirements/build.txt)")
+pytest.importorskip("SCons", reason="the build tests need SCons (requirements/build.txt)")
+
+sys.path.insert(0, str(ROOT))
+from kernel_src import cubin_checks, families, toolchain  # noqa: E402
+
+FAMILY, CONSTANTS = "ssd_chunk_cumsum", {"chunk_size": 64, "dt_dtype": "bf16"}
+
+
+def _compile(tmp_path, arch):
+    """Compile one variant the way the build does (its own process); return (cubin bytes, manifest entry)."""
+    cubin, meta = tmp_path / f"{arch}.cubin", tmp_path / f"{arch}.json"
+    subprocess.run([sys.executable, "-m", "kernel_src.compile_variant", "--family", FAMILY,
+                    "--constants", json.dumps(CONSTANTS), "--arch", arch, "--cubin", str(cubin), "--meta", str(meta)],
+                   cwd=ROOT, check=True, capture_output=True, env={**os.environ, "CUTE_DSL_DISABLE_FILE_CACHING": "1"})
+    return cubin.read_bytes(), json.loads(meta.read_text())
+
+
+@pytest.fixture(scope="module")
+def sm90(tmp_path_factory):
+    return _compile(tmp_path_factory.mktemp("sm90"), "sm_90a")
+
+
+def test_arch_flags_checked(sm90):
+    cubin, _ = sm90
+    cubin_checks.check_arch(cubin, "sm_90a")
+    with pytest.raises(cubin_checks.CubinCheckError, match="do not match the requested arch sm_100a"):
+        cubin_checks.check_arch(cubin, "sm_100a")
+
+
+def test_param_table_matches_declared_params(sm90):
+    cubin, entry = sm90
+    params = entry["params"]
+    cubin_checks.check_params(cubin, entry["kernel"], params)
+    assert [p["name"] for p in params] == [p.name for p in families.kernel_class(FAMILY)(**CONSTANTS).params()]
+    missing = params[:-1]
+    with pytest.raises(cubin_checks.CubinCheckError, match="does not match the cubin's parameter table"):
+        cubin_checks.check_params(cubin, entry["kernel"], missing)
+    resized = [dict(p, size=8) if p["name"] == "batch" else p for p in params]
+    with pytest.raises(cubin_checks.CubinCheckError, match="does not match"):
+        cubin_checks.check_params(cubin, entry["kernel"], resized)
+
+
+def test_symbol_and_resources_checked(sm90):
+    cubin, entry = sm90
+    cubin_checks.check_symbols(cubin, entry["kernel"])
+    with pytest.raises(cubin_checks.CubinCheckError, match="is not defined"):
+        cubin_checks.check_symbols(cubin, entry["kernel"] + "_typo")
+    res = cubin_checks.resources(cubin, entry["kernel"], toolchain.cuobjdump())
+    assert res.registers == entry["registers"] > 0 and res.stack == 0 and res.local == 0
+    with pytest.raises(cubin_checks.CubinCheckError, match="spills"):
+        cubin_checks.check_resources(cubin_checks.Resources(32, 16, 0, 0), "sm_90a", 0)
+    with pytest.raises(cubin_checks.CubinCheckError, match="exceeds"):
+        cubin_checks.check_resources(res, "sm_90a", cubin_checks.SMEM_LIMIT["sm_90a"])
+
+
+def test_failed_compile_names_the_variant(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "kernel_src.compile_variant", "--family", FAMILY,
+                           "--constants", json.dumps({"chunk_size": 96, "dt_dtype": "bf16"}), "--arch", "sm_90a",
+                           "--cubin", str(tmp_path / "x.cubin"), "--meta", str(tmp_path / "x.json")],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "FAILED sm_90a ssd_chunk_cumsum[chunk_size=96,dt_dtype=bf16]" in proc.stderr
+    assert not (tmp_path / "x.cubin").exists() and not (tmp_path / "x.json").exists()
+
+
+def _checkout(dest: Path) -> Path:
+    """A copy of the tracked and untracked-not-ignored source files, as a fresh clone would have them."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        if (ROOT / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+    return dest
+
+
+def _scons(tree: Path, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "SCons", "-Q", "arch=sm90,sm100", "config=ci", "-j", "2", *args],
+                          cwd=tree, capture_output=True, text=True)
+
+
+def _digests(tree: Path) -> dict:
+    shipped = sorted(tree.glob("dist/*.whl")) + sorted(tree.glob("build/stage/**/*.*"))
+    return {str(p.relative_to(tree)): hashlib.sha256(p.read_bytes()).hexdigest() for p in shipped}
+
+
+@pytest.fixture(scope="module")
+def two_clean_builds(tmp_path_factory):
+    trees = [_checkout(tmp_path_factory.mktemp(name)) for name in ("first", "second_elsewhere")]
+    for tree in trees:
+        proc = _scons(tree)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return trees
+
+
+def test_clean_rebuild_is_byte_identical(two_clean_builds):
+    first, second = two_clean_builds
+    digests = _digests(first)
+    assert {Path(k).name for k in digests if k.startswith("dist/")} == {
+        "mamba2_aot-0.1.0-py3-none-any.whl", "mamba2_aot_cubins_sm90-0.1.0-py3-none-any.whl",
+        "mamba2_aot_cubins_sm100-0.1.0-py3-none-any.whl"}
+    assert digests == _digests(second)
+
+
+def test_shipped_files_hold_no_paths_or_timestamps(two_clean_builds):
+    tree = two_clean_builds[0]
+    for wheel in tree.glob("dist/*.whl"):
+        with zipfile.ZipFile(wheel) as zf:
+            for info in zf.infolist():
+                data = zf.read(info)
+                assert str(tree).encode() not in data and b"/home/" not in data, f"{wheel.name}:{info.filename}"
+                assert info.date_time == (1985, 10, 26, 8, 21, 0), info.date_time  # enscons' fixed epoch
+
+
+def test_manifest_describes_every_cubin(two_clean_builds):
+    tree = two_clean_builds[0]
+    manifest = json.loads((tree / "build/stage/mamba2_aot_cubins_sm90/manifest.json").read_text())
+    assert manifest["arch"] == "sm_90a" and manifest["compute_capability"] == [9, 0]
+    assert manifest["toolchain"]["cutlass_dsl"] == "4.8.1" and manifest["toolchain"]["cuda_flavour"] == "cu12"
+    assert len(manifest["variants"]) == len(families.expand({FAMILY: {"chunk_size": [64, 256],
+                                                                      "dt_dtype": ["bf16", "fp32"]}}))
+    for v in manifest["variants"]:
+        data = (tree / "build/stage/mamba2_aot_cubins_sm90" / v["file"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == v["sha256"] and len(data) == v["size"]
+
+
+def test_incremental_rebuild(two_clean_builds):
+    tree = two_clean_builds[1]
+    assert _scons(tree, "-q").returncode == 0, "a second build with nothing changed must have nothing to do"
+    module = tree / families.kernel_module_path(FAMILY)
+    module.write_text(module.read_text() + "\n# touched\n")
+    proc = _scons(tree)
+    assert proc.returncode == 0, proc.stderr
+    compiled = [line for line in proc.stdout.splitlines() if line.startswith("compiled ")]
+    assert len(compiled) == 8, proc.stdout  # its 4 ci variants x 2 archs, nothing else
