@@ -8,6 +8,7 @@ own parameter table, and (through the manifest) the runtime's argument packing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 # C sizes (and natural alignments) of each kind, as the cubin's KPARAM table reports them.
 KIND_SIZES = {"ptr": 8, "i32": 4, "i64": 8, "f32": 4}
@@ -59,6 +60,17 @@ def layout(params: list[Param]) -> list[dict]:
         rows.append({"name": p.name, "kind": p.kind, "size": size, "offset": offset})
         offset += size
     return rows
+
+
+def bind(params: list[Param], values: tuple) -> SimpleNamespace:
+    """Name the flat argument tuple a kernel receives (``args.nheads``, ``args.stride_x_batch``, ...).
+
+    Kernels take their parameters as one tuple, which the DSL flattens into separate kernel parameters in
+    order; binding the names at trace time keeps the declaration in :meth:`params` the only list of them.
+    """
+    if len(values) != len(params):
+        raise ValueError(f"{len(values)} kernel arguments for {len(params)} declared params")
+    return SimpleNamespace(**{p.name: v for p, v in zip(params, values)})
 
 
 def cutlass_dtype(name: str):

@@ -34,7 +34,7 @@ def compile_variant(family: str, constants: dict, arch: str) -> tuple[bytes, dic
     params = kernel.params()
     placeholders = [abi.placeholder(p) for p in params]
     with tempfile.TemporaryDirectory() as dump_dir:
-        compiled = cute.compile(kernel, *placeholders, cuda.CUstream(0),
+        compiled = cute.compile(kernel, tuple(placeholders), cuda.CUstream(0),
                                 options=f"{toolchain.compile_options(arch)} --keep-ptx --dump-dir {dump_dir}")
         cubin = compiled.__cubin__
         if not isinstance(cubin, bytes):  # the DSL returns the intended path when it could not dump

@@ -14,9 +14,10 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils
-from cutlass import Float32, Int32, Int64
+from cutlass import Float32
 
-from kernel_src.abi import f32, i32, i64, ptr
+from kernel_src.abi import bind, f32, i32, i64, ptr
+from kernel_src.ssm_math import delta_from_dt
 
 WARP = 32
 
@@ -54,38 +55,14 @@ class ChunkCumsum:
         ]
 
     @cute.jit
-    def __call__(
-        self,
-        dt: cute.Pointer, A: cute.Pointer, dt_bias: cute.Pointer, dt_out: cute.Pointer, dA_cumsum: cute.Pointer,
-        batch: Int32, seqlen: Int32, nheads: Int32, nchunks: Int32,
-        stride_dt_batch: Int64, stride_dt_seqlen: Int64, stride_dt_head: Int64,
-        stride_A_head: Int64, stride_dt_bias_head: Int64,
-        stride_dt_out_batch: Int64, stride_dt_out_head: Int64, stride_dt_out_chunk: Int64, stride_dt_out_pos: Int64,
-        stride_dA_cumsum_batch: Int64, stride_dA_cumsum_head: Int64, stride_dA_cumsum_chunk: Int64,
-        stride_dA_cumsum_pos: Int64,
-        has_dt_bias: Int32, dt_softplus: Int32, dt_min: Float32, dt_max: Float32,
-        stream,
-    ):
-        self.kernel(
-            dt, A, dt_bias, dt_out, dA_cumsum, batch, seqlen, nheads, nchunks,
-            stride_dt_batch, stride_dt_seqlen, stride_dt_head, stride_A_head, stride_dt_bias_head,
-            stride_dt_out_batch, stride_dt_out_head, stride_dt_out_chunk, stride_dt_out_pos,
-            stride_dA_cumsum_batch, stride_dA_cumsum_head, stride_dA_cumsum_chunk, stride_dA_cumsum_pos,
-            has_dt_bias, dt_softplus, dt_min, dt_max,
-        ).launch(grid=[nchunks, batch, nheads], block=list(self.block), smem=self.dynamic_smem, stream=stream)
+    def __call__(self, args: tuple, stream):
+        a = bind(self.params(), args)
+        self.kernel(args).launch(grid=[a.nchunks, a.batch, a.nheads], block=list(self.block),
+                                 smem=self.dynamic_smem, stream=stream)
 
     @cute.kernel
-    def kernel(
-        self,
-        dt: cute.Pointer, A: cute.Pointer, dt_bias: cute.Pointer, dt_out: cute.Pointer, dA_cumsum: cute.Pointer,
-        batch: Int32, seqlen: Int32, nheads: Int32, nchunks: Int32,
-        stride_dt_batch: Int64, stride_dt_seqlen: Int64, stride_dt_head: Int64,
-        stride_A_head: Int64, stride_dt_bias_head: Int64,
-        stride_dt_out_batch: Int64, stride_dt_out_head: Int64, stride_dt_out_chunk: Int64, stride_dt_out_pos: Int64,
-        stride_dA_cumsum_batch: Int64, stride_dA_cumsum_head: Int64, stride_dA_cumsum_chunk: Int64,
-        stride_dA_cumsum_pos: Int64,
-        has_dt_bias: Int32, dt_softplus: Int32, dt_min: Float32, dt_max: Float32,
-    ):
+    def kernel(self, args: tuple):
+        a = bind(self.params(), args)
         Q = self.chunk_size
         t, _, _ = cute.arch.thread_idx()
         c, b, h = cute.arch.block_idx()
@@ -93,27 +70,23 @@ class ChunkCumsum:
         warp = cute.arch.warp_idx()
 
         # Int64 strides make every offset 64-bit: wide strided views (dt sliced from a fused projection).
-        mdt = cute.make_tensor(dt, cute.make_layout((batch, seqlen, nheads),
-                                                    stride=(stride_dt_batch, stride_dt_seqlen, stride_dt_head)))
-        mA = cute.make_tensor(A, cute.make_layout((nheads,), stride=(stride_A_head,)))
-        out_shape = (batch, nheads, nchunks, Q)
-        mdt_out = cute.make_tensor(dt_out, cute.make_layout(
-            out_shape, stride=(stride_dt_out_batch, stride_dt_out_head, stride_dt_out_chunk, stride_dt_out_pos)))
-        mdA = cute.make_tensor(dA_cumsum, cute.make_layout(
-            out_shape, stride=(stride_dA_cumsum_batch, stride_dA_cumsum_head, stride_dA_cumsum_chunk,
-                               stride_dA_cumsum_pos)))
+        mdt = cute.make_tensor(a.dt, cute.make_layout((a.batch, a.seqlen, a.nheads), stride=(
+            a.stride_dt_batch, a.stride_dt_seqlen, a.stride_dt_head)))
+        mA = cute.make_tensor(a.A, cute.make_layout((a.nheads,), stride=(a.stride_A_head,)))
+        mbias = cute.make_tensor(a.dt_bias, cute.make_layout((a.nheads,), stride=(a.stride_dt_bias_head,)))
+        out_shape = (a.batch, a.nheads, a.nchunks, Q)
+        mdt_out = cute.make_tensor(a.dt_out, cute.make_layout(out_shape, stride=(
+            a.stride_dt_out_batch, a.stride_dt_out_head, a.stride_dt_out_chunk, a.stride_dt_out_pos)))
+        mdA = cute.make_tensor(a.dA_cumsum, cute.make_layout(out_shape, stride=(
+            a.stride_dA_cumsum_batch, a.stride_dA_cumsum_head, a.stride_dA_cumsum_chunk, a.stride_dA_cumsum_pos)))
 
         pos = c * Q + t
         delta = Float32(0.0)
-        if pos < seqlen:
-            delta = mdt[b, pos, h].to(Float32)
-            if has_dt_bias != 0:
-                mbias = cute.make_tensor(dt_bias, cute.make_layout((nheads,), stride=(stride_dt_bias_head,)))
-                delta = delta + mbias[h]
-            if dt_softplus != 0:
-                if delta <= Float32(20.0):
-                    delta = cute.math.log1p(cute.math.exp(delta))
-            delta = cute.math.min(cute.math.max(delta, dt_min), dt_max)
+        if pos < a.seqlen:
+            bias = Float32(0.0)
+            if a.has_dt_bias != 0:
+                bias = mbias[h]
+            delta = delta_from_dt(mdt[b, pos, h].to(Float32), bias, a.dt_softplus, a.dt_min, a.dt_max)
         # Past the end of the sequence Δ is exactly 0, so the cumsum stays flat (no 0·inf from A).
         running = delta * mA[h]
 

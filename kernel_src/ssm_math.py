@@ -1,0 +1,23 @@
+"""Device-side math shared by every family, so that all kernels compute Δ and the gates the same way."""
+from __future__ import annotations
+
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+SOFTPLUS_IDENTITY_ABOVE = 20.0
+
+
+@cute.jit
+def delta_from_dt(dt: Float32, dt_bias: Float32, dt_softplus: Int32, dt_min: Float32, dt_max: Float32) -> Float32:
+    """Δ = clamp(softplus?(dt + dt_bias), dt_min, dt_max), with softplus(v) = v above 20 (BRIEF §2)."""
+    delta = dt + dt_bias
+    if dt_softplus != 0:
+        if delta <= Float32(SOFTPLUS_IDENTITY_ABOVE):
+            delta = cute.math.log1p(cute.math.exp(delta))
+    return cute.math.min(cute.math.max(delta, dt_min), dt_max)
+
+
+@cute.jit
+def silu(v: Float32) -> Float32:
+    """v · sigmoid(v), with the approximate reciprocal (no IEEE division slow path in the token loop)."""
+    return v * cute.arch.rcp_approx(Float32(1.0) + cute.math.exp(-v))

@@ -1,0 +1,273 @@
+"""verify: single-token decode and speculative verification on a state pool (update, snapshot, compact replay).
+
+Math (BRIEF §2), per request b, head h and token t, with the state h (P × N) read from slot s = state_indices[b]::
+
+    Δ   = clamp(softplus?(dt[b,t,h] + dt_bias[h]), dt_min, dt_max)        softplus(v) = v if v > 20
+    h   = h · exp(Δ·A[h]) + (Δ·x[b,t,h,:]) ⊗ B[b,t,g,:]                    g = h // (nheads / ngroups)
+    y   = h · C[b,t,g,:]  (+ D[h,:] ⊙ x)   ;   out = y · silu(z) if z is given
+    h   = round_to_pool_dtype(h)                                           (after every token: see below)
+
+The state is rounded to the pool's dtype after every token, as if it were stored and reloaded. That makes the
+three modes agree bitwise: T one-token calls equal one T-token call, snapshot slots equal the states a
+compact replay later folds, whatever the pool dtype. Every product is an explicit fma so the fold and the
+main loop compute the same bits.
+
+Modes (a compile-time constant):
+- ``update``:   run the T tokens, write the final state back to slot s.
+- ``snapshot``: run the T tokens, write the state after token t to slot snapshot_indices[b, t] (if >= 0).
+- ``compact``:  fold the first num_accepted[b] pending rows of the slot's window record (raw x, B, dt kept
+  per (slot, head)) into slot s in place, run the T new tokens from there, and store them as the new
+  pending window. T = 0 only folds (a commit).
+
+Rows are padding (outputs zero, nothing read or written) when the slot index is negative or past the pool;
+an out-of-range slot, snapshot index or num_accepted (clamped to [0, pending]) is counted in the optional
+device counter. One CTA owns one (request, head): its warps split the P rows, each lane holds N/32
+interleaved state columns (element n = j·32 + lane) so every load and store is coalesced.
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from kernel_src.abi import bind, cutlass_dtype, f32, i32, i64, ptr
+from kernel_src.ssm_math import delta_from_dt, silu
+
+WARP = 32
+# State values a lane keeps in registers: rows_per_warp × (N / 32).
+STATE_REGS_PER_LANE = 32
+# 256 threads leave each thread up to 255 registers (512 would cap them at 128, which the compact fold
+# and the token loop together exceed); larger states take several row passes instead.
+MAX_WARPS = 8
+
+
+class Verify:
+    family = "verify"
+    grid_rule = "heads,batch"
+    modes = ("update", "snapshot", "compact")
+    headdims = (64, 128)
+    d_states = (64, 128, 256)
+    io_dtypes = ("bf16", "fp16", "fp32")
+    pool_dtypes = ("fp32", "bf16", "fp16")
+
+    def __init__(self, mode: str, headdim: int, d_state: int, io_dtype: str, pool_dtype: str):
+        for name, value, allowed in (("mode", mode, self.modes), ("headdim", headdim, self.headdims),
+                                     ("d_state", d_state, self.d_states), ("io_dtype", io_dtype, self.io_dtypes),
+                                     ("pool_dtype", pool_dtype, self.pool_dtypes)):
+            if value not in allowed:
+                raise ValueError(f"{name} {value!r} not in {allowed}")
+        self.mode, self.headdim, self.d_state = mode, headdim, d_state
+        self.io_dtype, self.pool_dtype = io_dtype, pool_dtype
+        self.cols_per_lane = d_state // WARP
+        self.num_warps = min(MAX_WARPS, max(4, headdim * self.cols_per_lane // STATE_REGS_PER_LANE))
+        rows_per_lane = headdim // self.num_warps
+        self.row_passes = max(1, rows_per_lane * self.cols_per_lane // STATE_REGS_PER_LANE)
+        self.rows_per_warp = rows_per_lane // self.row_passes
+        self.block = (self.num_warps * WARP, 1, 1)
+        self.cluster = (1, 1, 1)
+        self.dynamic_smem = 0
+
+    def params(self):
+        io, pool = self.io_dtype, self.pool_dtype
+        return [
+            ptr("state", pool), ptr("x", io), ptr("dt", io), ptr("A", "fp32"), ptr("B", io), ptr("C", io),
+            ptr("D", "fp32"), ptr("z", io), ptr("dt_bias", "fp32"), ptr("out", io),
+            ptr("state_indices", "int32"), ptr("snapshot_indices", "int32"), ptr("num_accepted", "int32"),
+            ptr("window_count", "int32"), ptr("window_x", io), ptr("window_B", io), ptr("window_dt", io),
+            ptr("rejected", "int32"),
+            i32("batch"), i32("seqlen"), i32("nheads"), i32("heads_per_group"), i32("num_slots"),
+            i32("window_capacity"),
+            i64("stride_state_slot"), i64("stride_state_head"),
+            i64("stride_x_batch"), i64("stride_x_seqlen"), i64("stride_x_head"),
+            i64("stride_dt_batch"), i64("stride_dt_seqlen"), i64("stride_dt_head"),
+            i64("stride_A_head"),
+            i64("stride_B_batch"), i64("stride_B_seqlen"), i64("stride_B_group"),
+            i64("stride_C_batch"), i64("stride_C_seqlen"), i64("stride_C_group"),
+            i64("stride_D_head"), i64("stride_D_dim"),
+            i64("stride_z_batch"), i64("stride_z_seqlen"), i64("stride_z_head"),
+            i64("stride_dt_bias_head"),
+            i64("stride_out_batch"), i64("stride_out_seqlen"), i64("stride_out_head"),
+            i64("stride_state_indices_batch"),
+            i64("stride_snapshot_indices_batch"), i64("stride_snapshot_indices_seqlen"),
+            i64("stride_num_accepted_batch"),
+            i64("stride_window_count_slot"), i64("stride_window_count_head"),
+            i64("stride_window_x_slot"), i64("stride_window_x_row"), i64("stride_window_x_head"),
+            i64("stride_window_B_slot"), i64("stride_window_B_row"), i64("stride_window_B_head"),
+            i64("stride_window_dt_slot"), i64("stride_window_dt_row"), i64("stride_window_dt_head"),
+            i32("has_D"), i32("has_z"), i32("has_dt_bias"), i32("dt_softplus"), i32("has_rejected"),
+            f32("dt_min"), f32("dt_max"),
+        ]
+
+    @cute.jit
+    def __call__(self, args: tuple, stream):
+        a = bind(self.params(), args)
+        self.kernel(args).launch(grid=[a.nheads, a.batch, 1], block=list(self.block), smem=self.dynamic_smem,
+                                 stream=stream)
+
+    @cute.kernel
+    def kernel(self, args: tuple):
+        a = bind(self.params(), args)
+        P, N, R, V = self.headdim, self.d_state, self.rows_per_warp, self.cols_per_lane
+        io_type, pool_type = cutlass_dtype(self.io_dtype), cutlass_dtype(self.pool_dtype)
+        compact = self.mode == "compact"
+        h, b, _ = cute.arch.block_idx()
+        tid, _, _ = cute.arch.thread_idx()
+        lane = cute.arch.lane_idx()
+        warp = cute.arch.warp_idx()
+        g = h // a.heads_per_group
+
+        # Int64 strides make every offset 64-bit. Each (slot, head) state block is a contiguous P × N matrix and
+        # the innermost dim of x, B, C, z, out and the window is contiguous: per-element offsets are then
+        # compile-time constants folded into the load and store instructions, which keeps registers for state.
+        def view(pointer, shape, *strides):
+            return cute.make_tensor(pointer, cute.make_layout(shape, stride=strides))
+
+        T, H, cap = a.seqlen, a.nheads, a.window_capacity
+        state = view(a.state, (a.num_slots, H, P, N), a.stride_state_slot, a.stride_state_head, N, 1)
+        x = view(a.x, (a.batch, T, H, P), a.stride_x_batch, a.stride_x_seqlen, a.stride_x_head, 1)
+        dt = view(a.dt, (a.batch, T, H), a.stride_dt_batch, a.stride_dt_seqlen, a.stride_dt_head)
+        Bm = view(a.B, (a.batch, T, H, N), a.stride_B_batch, a.stride_B_seqlen, a.stride_B_group, 1)
+        Cm = view(a.C, (a.batch, T, H, N), a.stride_C_batch, a.stride_C_seqlen, a.stride_C_group, 1)
+        D = view(a.D, (H, P), a.stride_D_head, a.stride_D_dim)
+        z = view(a.z, (a.batch, T, H, P), a.stride_z_batch, a.stride_z_seqlen, a.stride_z_head, 1)
+        out = view(a.out, (a.batch, T, H, P), a.stride_out_batch, a.stride_out_seqlen, a.stride_out_head, 1)
+        snapshots = view(a.snapshot_indices, (a.batch, T), a.stride_snapshot_indices_batch,
+                         a.stride_snapshot_indices_seqlen)
+        w_count = view(a.window_count, (a.num_slots, H), a.stride_window_count_slot, a.stride_window_count_head)
+        w_x = view(a.window_x, (a.num_slots, cap, H, P), a.stride_window_x_slot, a.stride_window_x_row,
+                   a.stride_window_x_head, 1)
+        w_B = view(a.window_B, (a.num_slots, cap, H, N), a.stride_window_B_slot, a.stride_window_B_row,
+                   a.stride_window_B_head, 1)
+        w_dt = view(a.window_dt, (a.num_slots, cap, H), a.stride_window_dt_slot, a.stride_window_dt_row,
+                    a.stride_window_dt_head)
+
+        A_h = view(a.A, (H,), a.stride_A_head)[h]
+        dt_bias = view(a.dt_bias, (H,), a.stride_dt_bias_head)
+
+        slot = view(a.state_indices, (a.batch,), a.stride_state_indices_batch)[b]
+        valid = Int32(0)
+        if slot >= 0:
+            if slot < a.num_slots:
+                valid = Int32(1)
+            else:
+                self._count(a, h, tid)
+        folds = Int32(0)
+        if cutlass.const_expr(compact):
+            if valid != 0:
+                pending = cute.math.min(cute.math.max(w_count[slot, h], Int32(0)), cap)
+                folds = view(a.num_accepted, (a.batch,), a.stride_num_accepted_batch)[b]
+                if folds < 0 or folds > pending:
+                    self._count(a, h, tid)
+                folds = cute.math.min(cute.math.max(folds, Int32(0)), pending)
+
+        st = cute.make_rmem_tensor((R, V), Float32)
+        x_raw = cute.make_rmem_tensor((R,), io_type)
+        B_raw = cute.make_rmem_tensor((V,), io_type)
+        C_vals = cute.make_rmem_tensor((V,), Float32)
+
+        # Large states are processed in row passes so that each lane keeps at most R × V values.
+        for row_pass in cutlass.range_constexpr(self.row_passes):
+            last_pass = row_pass == self.row_passes - 1
+            row0 = (row_pass * self.num_warps + warp) * R
+            for r in cutlass.range_constexpr(R):
+                for j in cutlass.range_constexpr(V):
+                    st[r, j] = Float32(0.0)
+                    if valid != 0:
+                        st[r, j] = state[slot, h, row0 + r, j * WARP + lane].to(Float32)
+
+            if cutlass.const_expr(compact):
+                for i in range(folds):
+                    for r in cutlass.range_constexpr(R):
+                        x_raw[r] = w_x[slot, i, h, row0 + r]
+                    for j in cutlass.range_constexpr(V):
+                        B_raw[j] = w_B[slot, i, h, j * WARP + lane]
+                    self._advance(a, st, w_dt[slot, i, h], dt_bias, h, A_h, x_raw, B_raw)
+                if folds > 0:
+                    self._store_state(state, slot, h, row0, lane, st, pool_type)
+                # Every warp's reads of the old window precede any write of the new one.
+                cute.arch.sync_threads()
+
+            # Padding rows run the token loop too (from a zero state, on their own inputs) so that the warp
+            # shuffles stay in uniform control flow; only the writes depend on the row being valid.
+            for t in range(T):
+                for r in cutlass.range_constexpr(R):
+                    x_raw[r] = x[b, t, h, row0 + r]
+                for j in cutlass.range_constexpr(V):
+                    B_raw[j] = Bm[b, t, g, j * WARP + lane]
+                    C_vals[j] = Cm[b, t, g, j * WARP + lane].to(Float32)
+                dt_raw = dt[b, t, h]
+                self._advance(a, st, dt_raw, dt_bias, h, A_h, x_raw, B_raw)
+                for r in cutlass.range_constexpr(R):
+                    acc = Float32(0.0)
+                    for j in cutlass.range_constexpr(V):
+                        acc = cute.math.fma(st[r, j], C_vals[j], acc)
+                    for k in cutlass.range_constexpr(5):
+                        acc = acc + cute.arch.shuffle_sync_bfly(acc, 16 >> k)
+                    y = acc
+                    if a.has_D != 0:  # re-read per token: it stays in L1, and holding it would cost R registers
+                        y = cute.math.fma(D[h, row0 + r], x_raw[r].to(Float32), acc)
+                    if a.has_z != 0:
+                        y = y * silu(z[b, t, h, row0 + r].to(Float32))
+                    if valid == 0:
+                        y = Float32(0.0)
+                    if lane == 0:
+                        out[b, t, h, row0 + r] = y.to(io_type)
+                if cutlass.const_expr(self.pool_dtype != "fp32"):
+                    for r in cutlass.range_constexpr(R):
+                        for j in cutlass.range_constexpr(V):
+                            st[r, j] = st[r, j].to(pool_type).to(Float32)
+                if valid != 0:
+                    if cutlass.const_expr(self.mode == "snapshot"):
+                        target = snapshots[b, t]
+                        if cutlass.const_expr(row_pass == 0):
+                            if target >= a.num_slots:
+                                self._count(a, h, tid)
+                        if target >= 0:
+                            if target < a.num_slots:
+                                self._store_state(state, target, h, row0, lane, st, pool_type)
+                    if cutlass.const_expr(compact):
+                        if lane == 0:
+                            for r in cutlass.range_constexpr(R):
+                                w_x[slot, t, h, row0 + r] = x_raw[r]
+                        if cutlass.const_expr(last_pass):  # earlier passes still fold the old B and dt rows
+                            if warp == 0:
+                                for j in cutlass.range_constexpr(V):
+                                    w_B[slot, t, h, j * WARP + lane] = B_raw[j]
+                                if lane == 0:
+                                    w_dt[slot, t, h] = dt_raw
+
+            if cutlass.const_expr(self.mode == "update"):
+                if valid != 0:
+                    self._store_state(state, slot, h, row0, lane, st, pool_type)
+
+        if cutlass.const_expr(compact):
+            if valid != 0:
+                if tid == 0:
+                    w_count[slot, h] = T
+
+    @cute.jit
+    def _advance(self, a, st, dt_raw, dt_bias, h, A_h, x_raw, B_raw):
+        """One token: h = h·exp(Δ·A) + (Δ·x) ⊗ B, as explicit fmas (the fold and the main loop share it)."""
+        bias = Float32(0.0)
+        if a.has_dt_bias != 0:  # read per token (an L1 hit): held across the loop, ptxas spills it on sm_100
+            bias = dt_bias[h]
+        delta = delta_from_dt(dt_raw.to(Float32), bias, a.dt_softplus, a.dt_min, a.dt_max)
+        decay = cute.math.exp(delta * A_h)
+        for r in cutlass.range_constexpr(self.rows_per_warp):
+            dtx = delta * x_raw[r].to(Float32)
+            for j in cutlass.range_constexpr(self.cols_per_lane):
+                st[r, j] = cute.math.fma(st[r, j], decay, dtx * B_raw[j].to(Float32))
+
+    @cute.jit
+    def _store_state(self, state, slot, h, row0, lane, st, pool_type):
+        for r in cutlass.range_constexpr(self.rows_per_warp):
+            for j in cutlass.range_constexpr(self.cols_per_lane):
+                state[slot, h, row0 + r, j * WARP + lane] = st[r, j].to(pool_type)
+
+    @cute.jit
+    def _count(self, a, h, tid):
+        """Count one rejected index per request (head 0, thread 0) when the caller passed a counter."""
+        if a.has_rejected != 0:
+            if h == 0:
+                if tid == 0:
+                    cute.arch.atomic_add(a.rejected, Int32(1))

@@ -1,0 +1,330 @@
+"""``launch``, ``preload``, ``workspace_size``, ``list_variants``: from a call to a kernel on a stream.
+
+One ``launch`` call, in order (the driver is touched from step 4 on, so most bad calls never reach it):
+
+1. find the family's plan (``plans.PLANS``);
+2. resolve the stream (``streams``) and adapt the array arguments (``tensors``);
+3. let the plan validate (``plans/<family>``) and apply the checks every kernel needs
+   (``validation.check_call``), or reuse the result of an identical recent call; an empty grid
+   returns here;
+4. establish the one device of all arrays and the stream, and make its primary context current;
+5. take the loaded kernel for (family, constants, device) from a cache, or load it: variant lookup by
+   the device's compute capability, sha256 check, ``cuLibraryLoadData`` once per cubin, per-device
+   kernel attributes, parameter-table check (refused while the stream captures a CUDA graph);
+6. pack the parameters at the manifest's offsets and ``cuLaunchKernelEx``.
+
+The loaded-kernel cache is read without a lock (a dict lookup is atomic); loading holds a lock.
+"""
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+
+from . import driver, manifest, streams
+from .errors import (ArchMismatchError, CubinPackageError, CudaDriverError, DeviceError, GraphCaptureError,
+                     ManifestError, VariantNotFoundError)
+from .plans import PLANS, LaunchPlan
+from .tensors import as_device_array
+from .validation import BoundCall, check_call
+
+_STRUCT_CODES = {"ptr": "Q", "i32": "i", "i64": "q", "f32": "f"}
+_DEFAULT_MAX_DYNAMIC_SMEM = 48 * 1024  # above this a kernel must opt in (cuKernelSetAttribute)
+_PORTABLE_CLUSTER_SIZE = 8
+
+
+class ParamPacker:
+    """Packs parameter values by name into a buffer at the manifest's offsets (built once per variant).
+
+    :meth:`pack` fills a buffer and returns the ``void*[]`` ``kernelParams`` array for
+    ``cuLaunchKernelEx`` (one pointer into the buffer per parameter). Each thread packs into its own
+    buffer, allocated on its first launch and reused afterwards: the driver copies the values during
+    ``cuLaunchKernelEx``, so a buffer is free again when the launch call returns.
+    """
+
+    def __init__(self, params: tuple[manifest.Param, ...]):
+        fmt, end = ["<"], 0
+        for p in params:
+            fmt.append(f"{p.offset - end}x{_STRUCT_CODES[p.kind]}")
+            end = p.offset + p.size
+        self.pack_into = struct.Struct("".join(fmt)).pack_into
+        self.names = tuple(p.name for p in params)
+        self.offsets = tuple(p.offset for p in params)
+        self.size = max(end, 1)
+        self._per_thread = threading.local()
+
+    def _buffers(self):
+        buffer = ctypes.create_string_buffer(self.size)
+        base = ctypes.addressof(buffer)
+        kernel_params = (ctypes.c_void_p * len(self.offsets))(*[base + offset for offset in self.offsets])
+        self._per_thread.buffers = buffers = (buffer, kernel_params)
+        return buffers
+
+    def pack(self, values: dict):
+        """Pack ``values`` (every parameter name -> value); returns this thread's ``kernelParams`` array."""
+        try:
+            buffer, kernel_params = self._per_thread.buffers
+        except AttributeError:
+            buffer, kernel_params = self._buffers()
+        self.pack_into(buffer, 0, *[values[name] for name in self.names])
+        return kernel_params
+
+
+class LoadedKernel:
+    """A variant ready to launch on one device: its ``CUfunction`` plus precomputed launch settings."""
+
+    __slots__ = ("variant", "device", "function", "block", "smem", "attrs", "num_attrs", "packer")
+
+    def __init__(self, variant: manifest.Variant, device: int, function: int):
+        self.variant = variant
+        self.device = device
+        self.function = function
+        self.block = variant.block
+        self.smem = variant.dynamic_smem
+        self.attrs, self.num_attrs = driver.launch_attributes(variant.cluster)
+        self.packer = ParamPacker(variant.params)
+
+    def launch(self, drv, grid: tuple[int, int, int], params: dict, stream: int) -> None:
+        drv.launch(self.function, grid, self.block, self.smem, stream, self.attrs, self.num_attrs,
+                   self.packer.pack(params))
+
+
+_kernels: dict[tuple, LoadedKernel] = {}  # (family, constants_key, device) -> LoadedKernel
+_libraries: dict[str, tuple[int, bytes]] = {}  # cubin path -> (CUlibrary, image kept alive for the process)
+_load_lock = threading.RLock()
+_recent_calls: dict[tuple, BoundCall] = {}  # see _validated
+_RECENT_CALLS_MAX = 1024
+
+
+def _plan(family: str) -> LaunchPlan:
+    plan = PLANS.get(family)
+    if plan is None:
+        raise VariantNotFoundError(f"unknown kernel family {family!r}; known families: {', '.join(sorted(PLANS))}")
+    return plan
+
+
+def launch(family: str, *, stream=None, **kwargs) -> None:
+    """Launch ``family``'s kernel on ``stream`` (see ``streams`` for ``None``) with ``kwargs``.
+
+    The keyword arguments are the family's (documented in ``mamba2_aot/plans/<family>.py``). Raises an
+    :class:`~mamba2_aot.errors.InvalidArgumentError` subclass for a bad argument,
+    :class:`VariantNotFoundError` when the constants were not built for this arch,
+    :class:`CubinPackageError` for install problems, :class:`GraphCaptureError` when a kernel would have
+    to be loaded during capture, and :class:`CudaDriverError`. A refused call launches nothing.
+    """
+    plan = _plan(family)
+    handle = streams.resolve(stream, kwargs.values())
+    dlpack_stream = streams.as_dlpack_stream(handle)
+    for name in plan.arrays:
+        obj = kwargs.get(name)
+        if obj is not None:
+            kwargs[name] = as_device_array(obj, name, dlpack_stream=dlpack_stream)
+    call = _validated(plan, kwargs)
+    if 0 in call.grid:
+        return  # an empty batch or no heads: nothing to compute
+    drv = driver.get()
+    device = _device_of(drv, call, handle)
+    # Bound before anything stream-related: on a thread with no context, the legacy stream (0) means
+    # nothing until the device's primary context is current.
+    restore = drv.bind_primary_context(device)
+    try:
+        kernel = _kernels.get((family, manifest.constants_key(call.constants), device))
+        if kernel is None:
+            kernel = load_kernel(drv, plan, call.constants, device, capture_stream=handle)
+        _wait_for_producers(drv, call, handle)
+        kernel.launch(drv, call.grid, call.params, handle)
+    finally:
+        if restore is not None:
+            drv.set_current_context(restore)
+
+
+def _validated(plan: LaunchPlan, kwargs: dict) -> BoundCall:
+    """``plan.bind`` + ``check_call``, remembered for repeated identical calls.
+
+    Validation is a pure function of the adapted arguments (pointers, shapes, strides, dtypes, devices,
+    options), so a call identical to a recent one reuses its result: serving loops that launch on the
+    same buffers skip most of the host work. Unhashable arguments (e.g. a list) just skip the memo.
+    """
+    key = (plan.family, *kwargs.items())
+    try:
+        call = _recent_calls.get(key)
+    except TypeError:
+        key, call = None, None
+    if call is None:
+        call = plan.bind(**kwargs)
+        check_call(call)
+        if key is not None:
+            if len(_recent_calls) >= _RECENT_CALLS_MAX:
+                _recent_calls.clear()
+            _recent_calls[key] = call
+    return call
+
+
+def _device_of(drv, call: BoundCall, stream: int) -> int:
+    """The one CUDA device of every array and the stream; :class:`DeviceError` naming the odd one out."""
+    device, first = None, None
+    for a in call.inputs + call.outputs:
+        d = a.device
+        if d is None:  # __cuda_array_interface__: ask the driver who owns the pointer
+            if a.size == 0:
+                continue  # never dereferenced; its pointer may not even be valid
+            d = drv.pointer_device(a.ptr)
+        if device is None:
+            device, first = d, a.name
+        elif d != device:
+            raise DeviceError(a.name, f"{a.name} is on cuda:{d} but {first} is on cuda:{device}; every tensor and "
+                              "the stream must be on one device")
+    if stream not in driver.SPECIAL_STREAMS and drv.stream_context(stream) != drv.primary_context(device):
+        raise DeviceError("stream", f"stream: {stream:#x} does not belong to cuda:{device} (the tensors' device) or "
+                          "is not in its primary context")
+    return device
+
+
+def _wait_for_producers(drv, call: BoundCall, stream: int) -> None:
+    """Order the launch after producer streams named by ``__cuda_array_interface__`` v3 exports."""
+    launch_stream = driver.CU_STREAM_LEGACY if stream == 0 else stream
+    for producer in {a.stream for a in call.inputs + call.outputs if a.stream}:
+        if producer != launch_stream:
+            drv.stream_wait_stream(stream, producer)
+
+
+def load_kernel(drv, plan: LaunchPlan, constants: dict, device: int, *,
+                capture_stream: int | None = None) -> LoadedKernel:
+    """Load (once) the variant of ``plan`` with ``constants`` for ``device``. Thread-safe.
+
+    ``capture_stream``: the stream the caller will launch on; if it is capturing a CUDA graph, a cold
+    kernel is refused (loading inside capture fails or breaks the capture).
+    """
+    cc = drv.compute_capability(device)
+    variant = manifest.catalog().find(plan.family, constants, cc)
+    key = (plan.family, manifest.constants_key(constants), device)
+    with _load_lock:
+        kernel = _kernels.get(key)
+        if kernel is not None:
+            return kernel
+        if capture_stream is not None and drv.stream_is_capturing(capture_stream):
+            raise GraphCaptureError(
+                f"{variant.key} is not loaded on cuda:{device} and the stream is capturing a CUDA graph; call "
+                "mamba2_aot.preload() (optionally with the families you use) before capturing"
+            )
+        kernel = _kernels[key] = _load_variant(drv, plan, variant, device)
+        return kernel
+
+
+def _load_variant(drv, plan: LaunchPlan, variant: manifest.Variant, device: int) -> LoadedKernel:
+    names = tuple(p.name for p in variant.params)
+    if names != plan.param_names or variant.grid != plan.grid_rule:
+        raise ManifestError(
+            f"{variant.key} in {variant.manifest.path}: params {names} / grid {variant.grid!r} do not match this "
+            f"runtime's plan ({plan.param_names} / {plan.grid_rule!r}); install matching versions of mamba2_aot and "
+            f"{variant.manifest.package}"
+        )
+    library = _library(drv, variant)
+    restore = drv.bind_primary_context(device)
+    try:
+        try:
+            kernel = drv.library_get_kernel(library, variant.kernel)
+            _check_param_table(drv, kernel, variant)
+            _set_kernel_attributes(drv, kernel, variant, device)
+            function = drv.kernel_function(kernel)
+        except CudaDriverError as exc:
+            if exc.code == driver.CUDA_ERROR_NO_BINARY_FOR_GPU:
+                cc = drv.compute_capability(device)
+                arch = manifest.arch_name(cc)
+                raise ArchMismatchError(
+                    f"{variant.key} from {variant.manifest.package} was built for {variant.manifest.arch} and does "
+                    f"not run on cuda:{device} ({arch}); install the cubins for {arch}: {manifest.install_hint(cc)}"
+                ) from exc
+            raise
+    finally:
+        if restore is not None:
+            drv.set_current_context(restore)
+    return LoadedKernel(variant, device, function)
+
+
+def _library(drv, variant: manifest.Variant) -> int:
+    """``cuLibraryLoadData`` once per cubin per process (after the sha256 check); never unloaded."""
+    key = str(variant.path)
+    entry = _libraries.get(key)
+    if entry is None:
+        image = manifest.read_cubin(variant)
+        # The image is kept referenced for the life of the process: with lazy loading the driver may
+        # read it after cuLibraryLoadData returns.
+        entry = _libraries[key] = (drv.library_load_data(image), image)
+    return entry[0]
+
+
+def _check_param_table(drv, kernel: int, variant: manifest.Variant) -> None:
+    table = drv.kernel_param_info(kernel)
+    if table is None:  # driver older than CUDA 12.4: the build already checked the cubin's table
+        return
+    expected = [(p.offset, p.size) for p in variant.params]
+    if table != expected:
+        raise ManifestError(f"{variant.key}: the cubin's parameter table {table} disagrees with the manifest's "
+                            f"{expected}; reinstall {variant.manifest.package}")
+
+
+def _set_kernel_attributes(drv, kernel: int, variant: manifest.Variant, device: int) -> None:
+    static = drv.kernel_attribute(driver.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, kernel, device)
+    limit = drv.device_attribute(driver.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device)
+    if static + variant.dynamic_smem > limit:
+        raise CubinPackageError(f"{variant.key} needs {static} + {variant.dynamic_smem} bytes of shared memory; "
+                                f"cuda:{device} offers {limit} per block")
+    if variant.dynamic_smem > _DEFAULT_MAX_DYNAMIC_SMEM:
+        drv.set_kernel_attribute(driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, variant.dynamic_smem,
+                                 kernel, device)
+    cx, cy, cz = variant.cluster
+    if cx * cy * cz > _PORTABLE_CLUSTER_SIZE:
+        drv.set_kernel_attribute(driver.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, kernel, device)
+
+
+def preload(families=None, devices=None) -> list[tuple[str, int]]:
+    """Load every built variant (of ``families``, default all) on ``devices`` (default: every visible
+    device with cubins for its arch), so launches under CUDA-graph capture need no loading.
+
+    Returns ``[(variant key, device)]`` loaded. Raises :class:`VariantNotFoundError` for an unknown
+    family name, :class:`CubinPackageError` when a named device (or, by default, every device) has no
+    cubins, and :class:`CudaDriverError`.
+    """
+    if families is not None:
+        families = [families] if isinstance(families, str) else list(families)
+        for family in families:
+            _plan(family)
+    drv = driver.get()
+    explicit = devices is not None
+    devices = [devices] if isinstance(devices, int) else list(devices) if explicit else range(drv.device_count())
+    catalog = manifest.catalog()
+    loaded, first_error = [], None
+    for device in devices:
+        try:
+            table = catalog.index(drv.compute_capability(device))
+        except CubinPackageError as exc:
+            if explicit:
+                raise
+            first_error = first_error or exc
+            continue
+        for (family, _), variant in sorted(table.items(), key=lambda item: item[1].key):
+            if family in PLANS and (families is None or family in families):
+                load_kernel(drv, PLANS[family], dict(variant.constants), device)
+                loaded.append((variant.key, device))
+    if first_error is not None and not loaded:
+        raise first_error
+    return loaded
+
+
+def workspace_size(family: str, **kwargs) -> int:
+    """Bytes of caller-owned workspace ``launch(family, ...)`` needs for these arguments (0 if none)."""
+    return _plan(family).workspace_size(**kwargs)
+
+
+def list_variants(family: str | None = None) -> list[dict]:
+    """Every variant in the installed cubins (no GPU needed): family, key, constants, arch,
+    compute_capability, package, validated. ``family`` filters."""
+    rows = []
+    for m in manifest.catalog().manifests:
+        for v in m.variants:
+            if family is None or v.family == family:
+                rows.append({"family": v.family, "key": v.key, "constants": dict(v.constants), "arch": m.arch,
+                             "compute_capability": m.compute_capability, "package": m.package,
+                             "validated": v.validated})
+    return rows

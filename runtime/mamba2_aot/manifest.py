@@ -1,0 +1,348 @@
+"""Find, parse and check the cubin manifests (schema: docs/ARCHITECTURE.md, "Manifest").
+
+Where cubins come from, in order of precedence:
+
+1. ``MAMBA2_AOT_CUBIN_DIR`` (one or more directories, ``os.pathsep``-separated): ``DIR/manifest.json``
+   and ``DIR/*/manifest.json`` (so both a build's ``stage/`` directory and one package dir work).
+2. Installed cubin wheels: top-level packages named ``mamba2_aot_cubins_sm<NN>`` on ``sys.path``, each
+   holding ``manifest.json`` and ``cubins/``. Found with ``pkgutil``/``importlib.util.find_spec``
+   (nothing is imported, nothing scans every installed distribution).
+
+A variant provided by several sources is taken from the first. Problems (unreadable manifest, version
+lock, unknown schema) are recorded, not raised, at discovery, and raised when the affected architecture
+is actually needed, so a broken sm_100 package never stops an sm_90 machine.
+
+Each cubin's size and sha256 are checked against the manifest right before it is loaded (once per
+process); ``MAMBA2_AOT_SKIP_SHA256=1`` or ``verify=False`` skips that, explicitly.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import importlib.util
+import json
+import os
+import pkgutil
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from types import MappingProxyType
+
+from . import __version__
+from .errors import (CubinNotInstalledError, CubinPackageError, ManifestError, Sha256MismatchError,
+                     VariantNotFoundError, VersionLockError)
+
+SCHEMA_VERSION = 1
+PACKAGE_PREFIX = "mamba2_aot_cubins_"
+ENV_CUBIN_DIR = "MAMBA2_AOT_CUBIN_DIR"
+ENV_SKIP_SHA256 = "MAMBA2_AOT_SKIP_SHA256"
+KIND_SIZES = {"ptr": 8, "i32": 4, "i64": 8, "f32": 4}
+
+
+def arch_name(cc: tuple[int, int]) -> str:
+    """``(9, 0)`` -> ``"sm_90"``."""
+    return f"sm_{cc[0]}{cc[1]}"
+
+
+def package_name(cc: tuple[int, int]) -> str:
+    """The cubin wheel for a compute capability: ``(9, 0)`` -> ``"mamba2_aot_cubins_sm90"``."""
+    return f"{PACKAGE_PREFIX}sm{cc[0]}{cc[1]}"
+
+
+def install_hint(cc: tuple[int, int]) -> str:
+    return f"pip install '{package_name(cc)}=={__version__}'"
+
+
+def constants_key(constants) -> tuple:
+    """The hashable lookup key of a variant's constants: ``(("chunk_size", 256), ("dt_dtype", "bf16"))``."""
+    return tuple(sorted(constants.items()))
+
+
+def format_constants(constants) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(constants.items()))
+
+
+@dataclass(frozen=True)
+class Param:
+    """One kernel parameter as the manifest lays it out: ``kind`` in ptr/i32/i64/f32, byte ``offset``."""
+
+    name: str
+    kind: str
+    size: int
+    offset: int
+
+
+@dataclass(frozen=True, eq=False)
+class Variant:
+    """One compiled kernel: what to load (``path``, ``kernel`` symbol) and how to launch it."""
+
+    family: str
+    key: str
+    constants: MappingProxyType
+    path: Path
+    sha256: str
+    size: int
+    kernel: str
+    block: tuple[int, int, int]
+    cluster: tuple[int, int, int]
+    dynamic_smem: int
+    static_smem: int
+    grid: str
+    params: tuple[Param, ...]
+    validated: bool
+    manifest: "Manifest" = field(repr=False)
+
+
+@dataclass(frozen=True, eq=False)
+class Manifest:
+    """One parsed ``manifest.json``: the cubins of one package for one architecture."""
+
+    path: Path
+    package: str
+    version: str
+    arch: str
+    compute_capability: tuple[int, int]
+    toolchain: MappingProxyType
+    variants: tuple[Variant, ...] = ()
+
+
+def _get(obj: dict, key: str, kind, where: str):
+    try:
+        value = obj[key]
+    except (KeyError, TypeError):
+        raise ManifestError(f"{where}: missing field {key!r}") from None
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ManifestError(f"{where}: field {key!r} should be {getattr(kind, '__name__', kind)}, got {value!r}")
+    return value
+
+
+def _triple(obj: dict, key: str, where: str) -> tuple[int, int, int]:
+    value = _get(obj, key, list, where)
+    if len(value) != 3 or not all(isinstance(v, int) and v >= 1 for v in value):
+        raise ManifestError(f"{where}: {key!r} should be three positive ints, got {value!r}")
+    return tuple(value)
+
+
+def _parse_params(rows: list, where: str) -> tuple[Param, ...]:
+    params, end = [], 0
+    for row in rows:
+        p = Param(_get(row, "name", str, where), _get(row, "kind", str, where), _get(row, "size", int, where),
+                  _get(row, "offset", int, where))
+        if KIND_SIZES.get(p.kind) != p.size:
+            raise ManifestError(f"{where}: param {p.name!r} has kind {p.kind!r} and size {p.size}; expected one of "
+                                f"{KIND_SIZES}")
+        if p.offset < end or p.offset % p.size:
+            raise ManifestError(f"{where}: param {p.name!r} at offset {p.offset} overlaps or is misaligned")
+        end = p.offset + p.size
+        params.append(p)
+    if len({p.name for p in params}) != len(params):
+        raise ManifestError(f"{where}: duplicate param names")
+    return tuple(params)
+
+
+def parse_manifest(data: dict, path: Path, *, expected_version: str = __version__) -> Manifest:
+    """Check and convert one manifest's JSON. Raises :class:`ManifestError` or :class:`VersionLockError`."""
+    where = str(path)
+    if not isinstance(data, dict):
+        raise ManifestError(f"{where}: not a JSON object")
+    schema = data.get("schema")
+    if schema != SCHEMA_VERSION:
+        raise ManifestError(f"{where}: manifest schema {schema!r} is not supported by mamba2_aot {__version__} "
+                            f"(expects schema {SCHEMA_VERSION}); install matching versions of mamba2_aot and its "
+                            "cubin packages")
+    package = _get(data, "package", str, where)
+    version = _get(data, "version", str, where)
+    if version != expected_version:
+        raise VersionLockError(
+            f"{package} {version} (at {path.parent}) does not match mamba2_aot {expected_version}: the runtime and "
+            f"its cubin packages are version-locked; fix with: pip install 'mamba2_aot=={version}' or "
+            f"pip install '{package}=={expected_version}'"
+        )
+    cc = _get(data, "compute_capability", list, where)
+    if len(cc) != 2 or not all(isinstance(v, int) for v in cc):
+        raise ManifestError(f"{where}: 'compute_capability' should be [major, minor], got {cc!r}")
+    manifest = Manifest(path, package, version, _get(data, "arch", str, where), tuple(cc),
+                        MappingProxyType(dict(_get(data, "toolchain", dict, where))))
+    root = path.parent
+    variants = []
+    for i, row in enumerate(_get(data, "variants", list, where)):
+        vwhere = f"{where}: variants[{i}]"
+        rel = PurePosixPath(_get(row, "file", str, vwhere))
+        if rel.is_absolute() or ".." in rel.parts:
+            raise ManifestError(f"{vwhere}: cubin path {str(rel)!r} must stay inside the package")
+        variants.append(Variant(
+            family=_get(row, "family", str, vwhere),
+            key=_get(row, "key", str, vwhere),
+            constants=MappingProxyType(dict(_get(row, "constants", dict, vwhere))),
+            path=root.joinpath(*rel.parts),
+            sha256=_get(row, "sha256", str, vwhere),
+            size=_get(row, "size", int, vwhere),
+            kernel=_get(row, "kernel", str, vwhere),
+            block=_triple(row, "block", vwhere),
+            cluster=_triple(row, "cluster", vwhere),
+            dynamic_smem=_get(row, "dynamic_smem", int, vwhere),
+            static_smem=row.get("static_smem", 0),
+            grid=_get(row, "grid", str, vwhere),
+            params=_parse_params(_get(row, "params", list, vwhere), vwhere),
+            validated=bool(row.get("validated", True)),
+            manifest=manifest,
+        ))
+    object.__setattr__(manifest, "variants", tuple(variants))
+    return manifest
+
+
+def load_manifest(path: Path, *, expected_version: str = __version__) -> Manifest:
+    """Read and parse ``path``. Raises :class:`ManifestError` (unreadable/invalid) or :class:`VersionLockError`."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ManifestError(f"{path}: cannot read manifest ({exc})") from None
+    return parse_manifest(data, Path(path), expected_version=expected_version)
+
+
+def read_cubin(variant: Variant, *, verify: bool | None = None) -> bytes:
+    """The cubin's bytes, after checking size and sha256 against the manifest.
+
+    ``verify=None`` checks unless ``MAMBA2_AOT_SKIP_SHA256=1``. Raises :class:`Sha256MismatchError` or
+    :class:`CubinPackageError` (file missing).
+    """
+    try:
+        image = variant.path.read_bytes()
+    except OSError as exc:
+        raise CubinPackageError(f"cubin of {variant.key} is missing from {variant.manifest.package} ({exc}); "
+                                f"reinstall it: pip install --force-reinstall '{variant.manifest.package}=="
+                                f"{variant.manifest.version}'") from None
+    if verify is None:
+        verify = os.environ.get(ENV_SKIP_SHA256, "") not in ("1", "true", "yes")
+    if verify:
+        digest = hashlib.sha256(image).hexdigest()
+        if len(image) != variant.size or digest != variant.sha256:
+            raise Sha256MismatchError(
+                f"{variant.path}: size {len(image)} sha256 {digest} does not match the manifest (size {variant.size} "
+                f"sha256 {variant.sha256}); the install is corrupt or altered: pip install --force-reinstall "
+                f"'{variant.manifest.package}=={variant.manifest.version}' (or set {ENV_SKIP_SHA256}=1 to skip)"
+            )
+    return image
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A source that could not be used: ``where`` (package or directory) and the error to raise for it."""
+
+    where: str
+    error: CubinPackageError
+    package: str | None = None  # the package it concerns, when known (matches package_name(cc))
+
+
+class Catalog:
+    """Every usable manifest found (in precedence order) plus the problems met while looking."""
+
+    def __init__(self, manifests: list[Manifest], problems: list[Problem]):
+        self.manifests = tuple(manifests)
+        self.problems = tuple(problems)
+        self._index: dict[tuple[int, int], dict] = {}
+
+    def for_capability(self, cc: tuple[int, int]) -> list[Manifest]:
+        """The manifests whose cubins load on ``cc``; raises the recorded problem or
+        :class:`CubinNotInstalledError` (naming the wheel to install) when there are none."""
+        found = [m for m in self.manifests if m.compute_capability == cc]
+        if found:
+            return found
+        wanted = package_name(cc)
+        for problem in self.problems:
+            if problem.package in (wanted, None):
+                raise problem.error
+        installed = ", ".join(f"{m.package} ({m.arch})" for m in self.manifests) or "none"
+        raise CubinNotInstalledError(
+            f"no mamba2_aot cubins for {arch_name(cc)} (compute capability {cc[0]}.{cc[1]}) are installed "
+            f"(found: {installed}); fix with: {install_hint(cc)}, or point {ENV_CUBIN_DIR} at a build's cubins"
+        )
+
+    def index(self, cc: tuple[int, int]) -> dict:
+        """``{(family, constants_key): Variant}`` for ``cc`` (first source wins); built once per cc."""
+        table = self._index.get(cc)
+        if table is None:
+            table = {}
+            for manifest in self.for_capability(cc):
+                for v in manifest.variants:
+                    table.setdefault((v.family, constants_key(v.constants)), v)
+            self._index[cc] = table
+        return table
+
+    def find(self, family: str, constants: dict, cc: tuple[int, int]) -> Variant:
+        """The variant of ``family`` with exactly ``constants`` for ``cc``; raises
+        :class:`VariantNotFoundError` listing what was built for that family and arch."""
+        table = self.index(cc)
+        variant = table.get((family, constants_key(constants)))
+        if variant is not None:
+            return variant
+        built = sorted(format_constants(v.constants) for (fam, _), v in table.items() if fam == family)
+        listing = "; ".join(f"[{b}]" for b in built) if built else "none"
+        raise VariantNotFoundError(
+            f"{family}: no built variant for {format_constants(constants)} on {arch_name(cc)}. "
+            f"Built {family} variants for {arch_name(cc)}: {listing}"
+        )
+
+
+def _override_manifest_paths(value: str) -> tuple[list[Path], list[Problem]]:
+    paths, problems = [], []
+    for directory in filter(None, value.split(os.pathsep)):
+        found = [Path(directory) / "manifest.json"] if (Path(directory) / "manifest.json").is_file() else []
+        found += sorted(Path(p) for p in glob.glob(os.path.join(glob.escape(directory), "*", "manifest.json")))
+        if not found:
+            problems.append(Problem(directory, CubinNotInstalledError(
+                f"{ENV_CUBIN_DIR}={directory} holds no manifest.json (looked for DIR/manifest.json and "
+                "DIR/*/manifest.json)")))
+        paths += found
+    return paths, problems
+
+
+def _installed_manifest_paths() -> list[Path]:
+    paths = []
+    names = sorted({m.name for m in pkgutil.iter_modules() if m.name.startswith(PACKAGE_PREFIX)})
+    for name in names:
+        spec = importlib.util.find_spec(name)
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            candidate = Path(location) / "manifest.json"
+            if candidate.is_file():
+                paths.append(candidate)
+                break
+    return paths
+
+
+def _package_of(path: Path) -> str | None:
+    """The package a broken manifest belongs to: its ``package`` field if readable, else its directory's name."""
+    try:
+        package = json.loads(path.read_text()).get("package")
+    except (OSError, ValueError, AttributeError):
+        package = None
+    if isinstance(package, str):
+        return package
+    return path.parent.name if path.parent.name.startswith(PACKAGE_PREFIX) else None
+
+
+def discover(environ=os.environ) -> Catalog:
+    """Look for manifests now (see the module docstring for where). Never raises for a bad source."""
+    override_paths, problems = _override_manifest_paths(environ.get(ENV_CUBIN_DIR, ""))
+    manifests = []
+    for path in override_paths + _installed_manifest_paths():
+        try:
+            manifests.append(load_manifest(path))
+        except CubinPackageError as exc:
+            problems.append(Problem(str(path.parent), exc, _package_of(path)))
+    return Catalog(manifests, problems)
+
+
+_catalog: Catalog | None = None
+_catalog_lock = threading.Lock()
+
+
+def catalog(*, refresh: bool = False) -> Catalog:
+    """The process-wide :class:`Catalog`, discovered on first use (``refresh=True`` looks again)."""
+    global _catalog
+    if _catalog is not None and not refresh:
+        return _catalog
+    with _catalog_lock:
+        if _catalog is None or refresh:
+            _catalog = discover()
+        return _catalog

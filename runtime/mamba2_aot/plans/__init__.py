@@ -1,0 +1,10 @@
+"""Registry of launch plans: ``PLANS[family]`` is the plan of each family the runtime can launch."""
+from __future__ import annotations
+
+from .base import LaunchPlan
+from .ssd_chunk_cumsum import ChunkCumsumPlan
+from .verify import VerifyPlan
+
+PLANS: dict[str, LaunchPlan] = {plan.family: plan for plan in (ChunkCumsumPlan(), VerifyPlan())}
+
+__all__ = ["PLANS", "LaunchPlan"]

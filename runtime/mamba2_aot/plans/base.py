@@ -1,0 +1,34 @@
+"""The interface every family's launch plan implements (one small module per family).
+
+A plan turns a call's keyword arguments into a :class:`~mamba2_aot.validation.BoundCall`: it validates
+everything family-specific and computes the variant constants, the grid and the value of every kernel
+parameter. The dispatcher has already turned the arguments named in ``arrays`` into
+:class:`~mamba2_aot.tensors.DeviceArray` records (``None`` stays ``None``), and does the rest itself
+(generic checks, variant lookup, device checks, loading, packing by the manifest's offsets, launching).
+A plan never touches the driver, and ``bind`` must be a pure function of its arguments: the
+dispatcher reuses its result for a repeated identical call.
+"""
+from __future__ import annotations
+
+from ..validation import BoundCall
+
+
+class LaunchPlan:
+    """Base class. Subclasses set the four class attributes and implement :meth:`bind`."""
+
+    #: the family name, as in ``launch(family, ...)`` and the manifest
+    family: str = ""
+    #: the manifest's ``grid`` rule this plan implements (checked when a variant is loaded)
+    grid_rule: str = ""
+    #: the kernel's parameters in order (checked against the manifest's param list when loading)
+    param_names: tuple[str, ...] = ()
+    #: the keyword arguments that are arrays (adapted to DeviceArray before :meth:`bind`)
+    arrays: tuple[str, ...] = ()
+
+    def bind(self, **kwargs) -> BoundCall:
+        """Validate a call and compute its variant constants, grid and parameter values."""
+        raise NotImplementedError
+
+    def workspace_size(self, **kwargs) -> int:
+        """Bytes of caller-owned workspace the call needs (families without workspace: 0)."""
+        return 0

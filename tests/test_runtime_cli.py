@@ -1,0 +1,90 @@
+"""CPU tests of ``python -m mamba2_aot {list,doctor,verify}`` (no GPU, no driver, or a fake one)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mamba2_aot import DriverNotFoundError, driver, manifest
+from mamba2_aot.__main__ import main
+from test_runtime_support import FakeDriver, reset_runtime_state, write_cubin_dir
+
+RUNTIME = Path(__file__).resolve().parents[1] / "runtime"
+
+
+@pytest.fixture
+def cubins(tmp_path, monkeypatch):
+    """Fake sm_90 cubins in MAMBA2_AOT_CUBIN_DIR, and no CUDA driver."""
+    reset_runtime_state(monkeypatch)
+    pkg = write_cubin_dir(tmp_path)
+    monkeypatch.setenv(manifest.ENV_CUBIN_DIR, str(tmp_path))
+
+    def missing():
+        raise DriverNotFoundError("libcuda.so.1: cannot open shared object file")
+
+    monkeypatch.setattr(driver, "_load_library", missing)
+    return pkg
+
+
+def test_list_without_driver(cubins, capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "mamba2_aot_cubins_sm90 0.1.0 (sm_90a" in out
+    assert "ssd_chunk_cumsum[chunk_size=64,dt_dtype=bf16]: unknown (no CUDA here)" in out
+    assert "CUDA: unavailable here:" in out and "libcuda.so.1" in out
+
+
+def test_list_with_fake_device(cubins, monkeypatch, capsys):
+    monkeypatch.setattr(driver, "_driver", FakeDriver(capabilities=[(10, 0)]))
+    assert main(["list"]) == 0
+    assert "no device of this arch here" in capsys.readouterr().out
+
+
+def test_doctor_without_driver_exits_2(cubins, capsys):
+    assert main(["doctor"]) == 2
+    out = capsys.readouterr().out
+    assert "CUDA: unavailable" in out and "mamba2_aot_cubins_sm90 0.1.0 sm_90a (4 variants)" in out
+
+
+def test_doctor_with_fake_device(cubins, monkeypatch, capsys):
+    monkeypatch.setattr(driver, "_driver", FakeDriver(capabilities=[(9, 0), (8, 0)]))
+    assert main(["doctor"]) == 1  # cuda:1 (sm_80) has no cubins
+    out = capsys.readouterr().out
+    assert "ssd_chunk_cumsum[chunk_size=256,dt_dtype=fp32]: loads" in out
+    assert "cuda:1 Fake GPU (sm_80)" in out and "pip install 'mamba2_aot_cubins_sm80==" in out
+
+
+def test_verify(cubins, capsys):
+    assert main(["verify"]) == 0
+    assert capsys.readouterr().out.count("ok ") == 4
+    next((cubins / "cubins").iterdir()).write_bytes(b"tampered")
+    assert main(["verify"]) == 1
+    assert "MISMATCH" in capsys.readouterr().out
+
+
+def test_verify_nothing_installed(tmp_path, monkeypatch, capsys):
+    reset_runtime_state(monkeypatch)
+    monkeypatch.setenv(manifest.ENV_CUBIN_DIR, str(tmp_path))
+    assert main(["verify"]) == 1
+    assert "nothing to verify" in capsys.readouterr().out
+
+
+def test_module_entry_point_runs(tmp_path):
+    write_cubin_dir(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(RUNTIME), **{manifest.ENV_CUBIN_DIR: str(tmp_path)})
+    result = subprocess.run([sys.executable, "-m", "mamba2_aot", "verify"], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "ok       mamba2_aot_cubins_sm90" in result.stdout
+
+
+def test_import_needs_only_the_standard_library(tmp_path):
+    code = ("import sys, mamba2_aot; from mamba2_aot import runtime; "
+            "bad = [m for m in ('torch', 'numpy', 'cutlass', 'cuda') if m in sys.modules]; "
+            "assert not bad, bad; assert 'mamba2_aot.driver' in sys.modules")
+    result = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(RUNTIME)),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr

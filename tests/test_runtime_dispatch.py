@@ -1,0 +1,385 @@
+"""CPU tests of validation, variant selection, loading and launching, against a fake driver."""
+from __future__ import annotations
+
+import ctypes
+import math
+import re
+import struct
+import threading
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mamba2_aot import (AlignmentError, AliasingError, ArchMismatchError, CubinNotInstalledError, CudaDriverError,
+                        DeviceError, DTypeError, GraphCaptureError, InvalidArgumentError, ManifestError, ShapeError,
+                        StrideError, VariantNotFoundError, driver, manifest, runtime)
+from mamba2_aot.dispatch import ParamPacker
+from mamba2_aot.plans import PLANS
+from mamba2_aot.plans.ssd_chunk_cumsum import ChunkCumsumPlan
+from mamba2_aot.tensors import as_device_array
+from test_runtime_support import (CUMSUM_KINDS, FakeCAI, FakeDriver, FakeDLPack, c_layout, fake_array,  # noqa: F401
+                                  fake_runtime, no_driver, unpack_params, write_cubin_dir)
+
+MB = 1 << 20
+LAYOUT = c_layout(ChunkCumsumPlan.param_names, CUMSUM_KINDS)
+
+
+def cumsum_args(B=2, L=300, H=4, Q=64, *, dt_dtype="fp32", bias=True, base=0x10000000):
+    """Valid fake arguments for ssd_chunk_cumsum, each array in its own megabyte."""
+    nchunks = -(-L // Q)
+    args = {
+        "dt": fake_array(base, (B, L, H), dt_dtype),
+        "A": fake_array(base + MB, (H,)),
+        "dt_out": fake_array(base + 2 * MB, (B, H, nchunks, Q)),
+        "dA_cumsum": fake_array(base + 3 * MB, (B, H, nchunks, Q)),
+        "chunk_size": Q,
+    }
+    if bias:
+        args["dt_bias"] = fake_array(base + 4 * MB, (H,))
+    return args
+
+
+def test_plan_contract():
+    plan = PLANS["ssd_chunk_cumsum"]
+    assert plan.param_names == (
+        "dt", "A", "dt_bias", "dt_out", "dA_cumsum", "batch", "seqlen", "nheads", "nchunks",
+        "stride_dt_batch", "stride_dt_seqlen", "stride_dt_head", "stride_A_head", "stride_dt_bias_head",
+        "stride_dt_out_batch", "stride_dt_out_head", "stride_dt_out_chunk", "stride_dt_out_pos",
+        "stride_dA_cumsum_batch", "stride_dA_cumsum_head", "stride_dA_cumsum_chunk", "stride_dA_cumsum_pos",
+        "has_dt_bias", "dt_softplus", "dt_min", "dt_max")
+    args = {k: as_device_array(v, k) if k in plan.arrays else v for k, v in cumsum_args().items()}
+    call = plan.bind(**args)
+    assert set(call.params) == set(plan.param_names)
+    assert call.grid == (5, 2, 4) and call.constants == {"chunk_size": 64, "dt_dtype": "fp32"}
+    assert runtime.workspace_size("ssd_chunk_cumsum") == 0
+
+
+# -- param packing ----------------------------------------------------------------------------------------
+
+
+def test_param_packer_bytes():
+    params = tuple(manifest.Param(**row) for row in c_layout(["p", "n", "s", "f", "g"],
+                                                             ["ptr", "i32", "i64", "f32", "i32"]))
+    packer = ParamPacker(params)
+    pointers = packer.pack({"p": 0xDEADBEEF00, "n": -3, "s": -(1 << 40), "f": math.inf, "g": 7})
+    raw = ctypes.string_at(pointers[0], packer.size)
+    assert len(raw) == 32  # p@0 n@8 (pad) s@16 f@24 g@28
+    assert struct.unpack_from("<Q", raw, 0)[0] == 0xDEADBEEF00
+    assert struct.unpack_from("<i", raw, 8)[0] == -3
+    assert struct.unpack_from("<q", raw, 16)[0] == -(1 << 40)
+    assert struct.unpack_from("<f", raw, 24)[0] == math.inf
+    assert struct.unpack_from("<i", raw, 28)[0] == 7
+    assert [p - pointers[0] for p in pointers] == [0, 8, 16, 24, 28]
+    assert packer.pack({"p": 1, "n": 2, "s": 3, "f": 4.0, "g": 5})[0] == pointers[0]  # reused per thread
+
+
+@given(st.lists(st.sampled_from(["ptr", "i32", "i64", "f32"]), min_size=1, max_size=30), st.data())
+def test_param_packer_property(kinds, data):
+    layout = c_layout([f"p{i}" for i in range(len(kinds))], kinds)
+    ranges = {"ptr": st.integers(0, 2**64 - 1), "i32": st.integers(-2**31, 2**31 - 1),
+              "i64": st.integers(-2**63, 2**63 - 1), "f32": st.sampled_from([0.0, 1.5, -2.25, math.inf])}
+    values = {row["name"]: data.draw(ranges[row["kind"]]) for row in layout}
+    packer = ParamPacker(tuple(manifest.Param(**r) for r in layout))  # owns the buffer the pointers point into
+    pointers = packer.pack(values)
+    codes = {"ptr": "<Q", "i32": "<i", "i64": "<q", "f32": "<f"}
+    for row, address in zip(layout, pointers):
+        assert struct.unpack(codes[row["kind"]], ctypes.string_at(address, row["size"]))[0] == values[row["name"]]
+
+
+def test_launch_attribute_structs():
+    assert driver.launch_attributes((1, 1, 1)) == (None, 0)
+    attrs, n = driver.launch_attributes((2, 1, 1))
+    assert n == 1 and attrs[0].id == driver.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    assert list(attrs[0].value.clusterDim) == [2, 1, 1]
+    raw = bytes(attrs)
+    assert len(raw) == 72 and struct.unpack_from("<i4xIII", raw) == (4, 2, 1, 1)
+    config = driver.CUlaunchConfig(1, 2, 3, 4, 5, 6, 7, 0x99, attrs, 1)
+    assert ctypes.addressof(config.attrs.contents) == ctypes.addressof(attrs)
+    assert struct.unpack_from("<7I4xQ", bytes(config)) == (1, 2, 3, 4, 5, 6, 7, 0x99)
+
+
+# -- validation: every refusal names the argument and never opens the driver ------------------------------
+
+
+def _without(key):
+    return lambda a: a.pop(key)
+
+
+BAD_CALLS = [
+    # (change to the valid arguments, error type, argument named, message fragment)
+    (lambda a: a.update(dt=fake_array(0x10000000, (2, 300, 4), "int32")), DTypeError, "dt", "bf16 or fp16 or fp32"),
+    (lambda a: a.update(dt=fake_array(0x10000000, (2, 300))), ShapeError, "dt", "3 dims (batch, seqlen, nheads)"),
+    (lambda a: a.update(dt=fake_array(0x10000000, (2, 0, 4))), ShapeError, "dt", "seqlen (dim 1) must be >= 1"),
+    (lambda a: a.update(dt=fake_array(0x10000000, (70000, 1, 4))), ShapeError, "dt", "batch (dim 0) = 70000"),
+    (lambda a: a.update(A=fake_array(0x10100000, (5,))), ShapeError, "A", "expected shape (4,)"),
+    (lambda a: a.update(A=fake_array(0x10100000, (4,), "fp16")), DTypeError, "A", "expected dtype fp32"),
+    (lambda a: a.update(dt_bias=fake_array(0x10400000, (1, 4))), ShapeError, "dt_bias", "expected 1 dims"),
+    (lambda a: a.update(dt_out=fake_array(0x10200000, (2, 4, 4, 64))), ShapeError, "dt_out", "(2, 4, 5, 64)"),
+    (lambda a: a.update(dA_cumsum=fake_array(0x10300000, (2, 4, 5, 64), "fp16")), DTypeError, "dA_cumsum", "fp32"),
+    (lambda a: a.update(dt_out=torch.zeros(2, 4, 5, 64)), DeviceError, "dt_out", "got a tensor on cpu"),
+    (lambda a: a.update(A=[1.0] * 4), InvalidArgumentError, "A", "expected a CUDA array"),
+    (lambda a: a.update(chunk_size=0), InvalidArgumentError, "chunk_size", "in [1,"),
+    (lambda a: a.update(chunk_size="64"), InvalidArgumentError, "chunk_size", "expected an int"),
+    (lambda a: a.update(dt_limit=(1.0, 0.5)), InvalidArgumentError, "dt_limit", "greater than hi"),
+    (lambda a: a.update(dt_limit=(0.0, math.nan)), InvalidArgumentError, "dt_limit", "NaN"),
+    (lambda a: a.update(dt_limit=(0.0,)), InvalidArgumentError, "dt_limit", "a pair"),
+    (lambda a: a.update(dt_softplus="yes"), InvalidArgumentError, "dt_softplus", "a bool"),
+    (lambda a: a.update(A=fake_array(0x10100002, (4,))), AlignmentError, "A", "not aligned"),
+    (lambda a: a.update(dt_out=fake_array(0x10200000, (2, 4, 5, 64), strides=(0, 320, 64, 1))), StrideError,
+     "dt_out", "overlap"),
+    (lambda a: a.update(dt_out=FakeCAI(0x10200000, (2, 4, 5, 64), readonly=True)), InvalidArgumentError, "dt_out",
+     "read-only"),
+    # dA_cumsum inside dt's memory, and the two outputs sharing one buffer
+    (lambda a: a.update(dA_cumsum=fake_array(0x10000000, (2, 4, 5, 64))), AliasingError, "dA_cumsum", "overlaps dt"),
+    (lambda a: a.update(dA_cumsum=fake_array(0x10200000 + 256, (2, 4, 5, 64))), AliasingError, "dA_cumsum",
+     "overlaps dt_out"),
+    (lambda a: a.update(dt_out=fake_array(0x10400000, (2, 4, 5, 64))), AliasingError, "dt_out", "overlaps dt_bias"),
+]
+
+
+@pytest.mark.parametrize("change,error,argument,fragment", BAD_CALLS)
+def test_refused_calls_name_the_argument_and_never_reach_the_driver(no_driver, change, error, argument, fragment):
+    args = cumsum_args()
+    change(args)
+    with pytest.raises(error, match=re.escape(fragment)) as info:
+        runtime.launch("ssd_chunk_cumsum", **args)
+    assert info.value.argument == argument
+    assert str(info.value).startswith(argument) or f" {argument}" in str(info.value)
+    assert driver._driver is None
+
+
+def test_unknown_family_lists_known(no_driver):
+    with pytest.raises(VariantNotFoundError, match="unknown kernel family 'ssd_nope'.*ssd_chunk_cumsum"):
+        runtime.launch("ssd_nope")
+
+
+def test_empty_batch_is_a_no_op(no_driver):
+    runtime.launch("ssd_chunk_cumsum", **cumsum_args(B=0))
+    assert driver._driver is None
+
+
+# -- launching through the fake driver --------------------------------------------------------------------
+
+
+def test_launch_packs_params_and_config(fake_runtime):
+    args = cumsum_args(B=2, L=300, H=4, Q=64)
+    runtime.launch("ssd_chunk_cumsum", dt_softplus=True, dt_limit=(0.001, 10.0), stream=0x5000, **args)
+    (record,) = fake_runtime.launches
+    assert record["grid"] == (5, 2, 4) and record["block"] == (256, 1, 1) and record["smem"] == 32
+    assert record["stream"] == 0x5000 and record["attrs"] == [] and record["context"] == 0x1000
+    values = unpack_params(record, LAYOUT)
+    assert values["dt"] == 0x10000000 and values["dt_bias"] == 0x10400000 and values["dA_cumsum"] == 0x10300000
+    assert (values["batch"], values["seqlen"], values["nheads"], values["nchunks"]) == (2, 300, 4, 5)
+    assert (values["stride_dt_batch"], values["stride_dt_seqlen"], values["stride_dt_head"]) == (1200, 4, 1)
+    assert [values[f"stride_dt_out_{d}"] for d in ("batch", "head", "chunk", "pos")] == [1280, 320, 64, 1]
+    assert (values["has_dt_bias"], values["dt_softplus"]) == (1, 1)
+    assert values["dt_min"] == pytest.approx(0.001) and values["dt_max"] == 10.0
+    loads = [c for c in fake_runtime.calls if c[0] == "load"]
+    assert loads == [("load", b"fake cubin mamba2_aot_cubins_sm90 64 fp32")]
+
+
+def test_launch_defaults_and_strided_views(fake_runtime):
+    args = cumsum_args(bias=False)
+    # dt as a strided slice of a wider buffer (e.g. from a fused projection), transposed outputs
+    args["dt"] = fake_array(0x10000000, (2, 300, 4), strides=(300 * 40, 40, 3))
+    args["dt_out"] = fake_array(0x10200000, (2, 4, 5, 64), strides=(1, 2, 512, 8))
+    runtime.launch("ssd_chunk_cumsum", **args)
+    values = unpack_params(fake_runtime.launches[0], LAYOUT)
+    assert (values["dt_bias"], values["has_dt_bias"], values["stride_dt_bias_head"]) == (0, 0, 0)
+    assert (values["dt_softplus"], values["dt_min"], values["dt_max"]) == (0, 0.0, math.inf)
+    assert (values["stride_dt_batch"], values["stride_dt_seqlen"], values["stride_dt_head"]) == (12000, 40, 3)
+    assert [values[f"stride_dt_out_{d}"] for d in ("batch", "head", "chunk", "pos")] == [1, 2, 512, 8]
+    assert fake_runtime.launches[0]["stream"] == 0  # legacy default stream
+
+
+def test_kernel_loaded_once_and_cached(fake_runtime):
+    for _ in range(3):
+        runtime.launch("ssd_chunk_cumsum", **cumsum_args())
+    assert len(fake_runtime.launches) == 3
+    assert sum(c[0] == "get_kernel" for c in fake_runtime.calls) == 1
+    assert sum(c[0] == "is_capturing" for c in fake_runtime.calls) == 1
+
+
+def test_identical_calls_reuse_validation(fake_runtime, monkeypatch):
+    plan = PLANS["ssd_chunk_cumsum"]
+    binds = []
+    original = plan.bind
+    monkeypatch.setattr(plan, "bind", lambda **kw: binds.append(1) or original(**kw))
+    args = cumsum_args()
+    runtime.launch("ssd_chunk_cumsum", **args)
+    runtime.launch("ssd_chunk_cumsum", **args)
+    assert len(binds) == 1 and len(fake_runtime.launches) == 2
+    runtime.launch("ssd_chunk_cumsum", dt_softplus=True, **args)  # a different call validates again
+    runtime.launch("ssd_chunk_cumsum", dt_limit=[0.0, 1.0], **args)  # unhashable option: no memo, still fine
+    assert len(binds) == 3
+    assert unpack_params(fake_runtime.launches[2], LAYOUT)["dt_softplus"] == 1
+
+
+def test_concurrent_first_launches_load_once(fake_runtime):
+    barrier = threading.Barrier(8)
+    errors = []
+
+    def worker():
+        barrier.wait()
+        try:
+            runtime.launch("ssd_chunk_cumsum", **cumsum_args())
+        except Exception as exc:  # noqa: BLE001 - surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(fake_runtime.launches) == 8
+    assert sum(c[0] == "load" for c in fake_runtime.calls) == 1
+
+
+def test_bad_chunk_size_lists_built_variants(fake_runtime):
+    with pytest.raises(VariantNotFoundError) as info:
+        runtime.launch("ssd_chunk_cumsum", **cumsum_args(Q=128))
+    text = str(info.value)
+    assert "chunk_size=128" in text and "[chunk_size=64, dt_dtype=bf16]" in text and "sm_90" in text
+    assert not fake_runtime.launches
+
+
+def test_unbuilt_dtype_lists_built_variants(fake_runtime):
+    with pytest.raises(VariantNotFoundError, match="dt_dtype=fp16 on sm_90.*dt_dtype=fp32"):
+        runtime.launch("ssd_chunk_cumsum", **cumsum_args(dt_dtype="fp16"))
+
+
+def test_wrong_arch_names_the_wheel(fake_runtime):
+    fake_runtime.capabilities = [(10, 0)]
+    with pytest.raises(CubinNotInstalledError, match="pip install 'mamba2_aot_cubins_sm100=="):
+        runtime.launch("ssd_chunk_cumsum", **cumsum_args())
+    assert not [c for c in fake_runtime.calls if c[0] == "load"]  # checked before loading
+
+
+def test_no_binary_for_gpu_becomes_arch_error(fake_runtime):
+    fake_runtime.get_kernel_error = CudaDriverError(209, "CUDA_ERROR_NO_BINARY_FOR_GPU", "no kernel image")
+    with pytest.raises(ArchMismatchError, match="install the cubins for sm_90"):
+        runtime.launch("ssd_chunk_cumsum", **cumsum_args())
+
+
+def test_param_table_mismatch(fake_runtime):
+    fake_runtime.param_table = [(0, 8)]
+    with pytest.raises(ManifestError, match="parameter table"):
+        runtime.launch("ssd_chunk_cumsum", **cumsum_args())
+    fake_runtime.param_table = [(r["offset"], r["size"]) for r in LAYOUT]
+    runtime.launch("ssd_chunk_cumsum", **cumsum_args())
+
+
+def test_manifest_params_must_match_plan(tmp_path, monkeypatch, fake_runtime):
+    pkg = write_cubin_dir(tmp_path / "other", cc=(9, 0))
+    data = pkg / "manifest.json"
+    data.write_text(data.read_text().replace('"stride_A_head"', '"stride_A"'))
+    monkeypatch.setenv(manifest.ENV_CUBIN_DIR, str(pkg))
+    manifest.catalog(refresh=True)
+    with pytest.raises(ManifestError, match="do not match this runtime's plan"):
+        runtime.launch("ssd_chunk_cumsum", **cumsum_args())
+
+
+def test_graph_capture_needs_preload(fake_runtime):
+    fake_runtime.capturing = True
+    with pytest.raises(GraphCaptureError, match=r"call mamba2_aot.preload\(\)"):
+        runtime.launch("ssd_chunk_cumsum", **cumsum_args())
+    assert not [c for c in fake_runtime.calls if c[0] == "load"]
+    loaded = runtime.preload()
+    assert sorted(loaded) == sorted((f"ssd_chunk_cumsum[chunk_size={q},dt_dtype={d}]", 0)
+                                    for q in (64, 256) for d in ("bf16", "fp32"))
+    runtime.launch("ssd_chunk_cumsum", **cumsum_args())  # still capturing: now fine
+    assert len(fake_runtime.launches) == 1
+
+
+def test_preload_selection(fake_runtime):
+    assert runtime.preload("ssd_chunk_cumsum", devices=0)
+    with pytest.raises(VariantNotFoundError):
+        runtime.preload(["nope"])
+    fake_runtime.capabilities = [(9, 0), (8, 0)]
+    with pytest.raises(CubinNotInstalledError):
+        runtime.preload(devices=[1])
+    assert runtime.preload()  # device 1 without cubins is skipped by default
+
+
+def test_device_mismatch(fake_runtime):
+    args = cumsum_args()
+    args["dA_cumsum"] = fake_array(fake_runtime.device_split + MB, (2, 4, 5, 64))  # resolves to cuda:1
+    with pytest.raises(DeviceError, match="dA_cumsum is on cuda:1 but dt is on cuda:0") as info:
+        runtime.launch("ssd_chunk_cumsum", **args)
+    assert info.value.argument == "dA_cumsum"
+
+
+def test_dlpack_device_mismatch_without_pointer_query(fake_runtime):
+    args = cumsum_args()
+    args["A"] = FakeDLPack(0x10100000, (4,), device=(2, 1))
+    with pytest.raises(DeviceError, match="A is on cuda:1"):
+        runtime.launch("ssd_chunk_cumsum", **args)
+
+
+def test_stream_of_another_device(fake_runtime):
+    fake_runtime.stream_contexts[0x5000] = 0x1001  # cuda:1's primary context
+    with pytest.raises(DeviceError, match="^stream: ") as info:
+        runtime.launch("ssd_chunk_cumsum", stream=0x5000, **cumsum_args())
+    assert info.value.argument == "stream"
+
+
+def test_context_bound_then_restored(fake_runtime):
+    fake_runtime.current = 0x1001  # the thread has cuda:1's context current
+    runtime.launch("ssd_chunk_cumsum", **cumsum_args())
+    assert fake_runtime.launches[0]["context"] == 0x1000
+    assert fake_runtime.current == 0x1001
+    # a fresh thread (no context) keeps the primary context bound
+    fake_runtime.current = 0
+    runtime.launch("ssd_chunk_cumsum", **cumsum_args())
+    assert fake_runtime.current == 0x1000
+
+
+def test_context_bound_before_any_stream_query(fake_runtime):
+    fake_runtime.current = 0  # a fresh thread: stream 0 only has a meaning once a context is current
+    runtime.launch("ssd_chunk_cumsum", **cumsum_args())
+    names = [c[0] for c in fake_runtime.calls]
+    assert names.index("bind") < names.index("is_capturing")
+    assert ("function", 0x1000) in fake_runtime.calls  # CUfunction taken in the primary context
+
+
+def test_cai_producer_stream_is_waited_on(fake_runtime):
+    args = cumsum_args()
+    cai = args["dt"].__cuda_array_interface__
+    args["dt"] = FakeCAI(cai["data"][0], cai["shape"], cai["typestr"], cai["strides"], stream=0x9000)
+    args["A"] = FakeCAI(0x10100000, (4,), stream=1)  # legacy default == our stream 0: no wait
+    runtime.launch("ssd_chunk_cumsum", **args)
+    assert [c for c in fake_runtime.calls if c[0] == "wait"] == [("wait", 0, 0x9000)]
+
+
+def test_dlpack_arrays_get_the_launch_stream(fake_runtime):
+    args = cumsum_args()
+    dt = args["dt"] = FakeDLPack(0x10000000, (2, 300, 4))
+    runtime.launch("ssd_chunk_cumsum", stream=0x5000, **args)
+    assert dt.requests[0]["stream"] == 0x5000
+    runtime.launch("ssd_chunk_cumsum", **args)
+    assert dt.requests[1]["stream"] == 1  # DLPack's name for the legacy default stream
+
+
+def test_large_smem_and_cluster_attributes(tmp_path, monkeypatch, fake_runtime):
+    pkg = write_cubin_dir(tmp_path / "big", cc=(9, 0), dynamic_smem=100_000, cluster=(4, 3, 1))
+    monkeypatch.setenv(manifest.ENV_CUBIN_DIR, str(pkg))
+    manifest.catalog(refresh=True)
+    runtime.launch("ssd_chunk_cumsum", **cumsum_args())
+    attrs = [c for c in fake_runtime.calls if c[0] == "set_attribute"]
+    assert attrs == [("set_attribute", driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 100_000, 0),
+                     ("set_attribute", driver.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, 0)]
+    assert fake_runtime.launches[0]["attrs"] == [(4, 3, 1)] and fake_runtime.launches[0]["smem"] == 100_000
+
+
+def test_list_variants(fake_runtime):
+    rows = runtime.list_variants("ssd_chunk_cumsum")
+    assert len(rows) == 4 and rows[0]["arch"] == "sm_90a" and rows[0]["compute_capability"] == (9, 0)
+    assert runtime.list_variants("nope") == []
+
+
+def test_fake_driver_matches_real_driver_interface():
+    # Every method the fake offers exists on the real driver class with the same name.
+    fake_methods = {n for n in vars(FakeDriver) if not n.startswith("_")} - {"device_split"}
+    assert fake_methods <= set(dir(driver.CudaDriver))

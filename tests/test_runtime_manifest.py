@@ -1,0 +1,164 @@
+"""CPU tests of manifest parsing, discovery, sha256 checks and the version lock."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import mamba2_aot
+from mamba2_aot import (CubinNotInstalledError, CubinPackageError, ManifestError, Sha256MismatchError,
+                        VariantNotFoundError, VersionLockError, manifest)
+from test_runtime_support import write_cubin_dir
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _edit(pkg: Path, change):
+    data = json.loads((pkg / "manifest.json").read_text())
+    change(data)
+    (pkg / "manifest.json").write_text(json.dumps(data))
+
+
+def test_parse_good_manifest(tmp_path):
+    pkg = write_cubin_dir(tmp_path)
+    m = manifest.load_manifest(pkg / "manifest.json")
+    assert (m.package, m.arch, m.compute_capability) == ("mamba2_aot_cubins_sm90", "sm_90a", (9, 0))
+    assert len(m.variants) == 4
+    v = m.variants[0]
+    assert v.path.parent == pkg / "cubins" and v.block == (256, 1, 1) and v.cluster == (1, 1, 1)
+    assert [p.name for p in v.params][:3] == ["dt", "A", "dt_bias"] and v.params[-1].offset == 172
+    assert manifest.read_cubin(v) == v.path.read_bytes()
+
+
+@pytest.mark.parametrize("stage", sorted((REPO / "build" / "stage").glob("*/manifest.json")) or [None])
+def test_real_build_manifests_parse(stage):
+    if stage is None:
+        pytest.skip("no build/stage manifests (run scons first)")
+    m = manifest.load_manifest(stage)
+    for v in m.variants:
+        assert manifest.read_cubin(v) == v.path.read_bytes()
+
+
+def test_version_lock_names_both_versions_and_fix(tmp_path):
+    pkg = write_cubin_dir(tmp_path, version="9.9.9")
+    with pytest.raises(VersionLockError) as info:
+        manifest.load_manifest(pkg / "manifest.json")
+    text = str(info.value)
+    assert "9.9.9" in text and mamba2_aot.__version__ in text
+    assert f"pip install 'mamba2_aot_cubins_sm90=={mamba2_aot.__version__}'" in text
+
+
+def test_unknown_schema(tmp_path):
+    pkg = write_cubin_dir(tmp_path, schema=2)
+    with pytest.raises(ManifestError, match="schema 2 is not supported"):
+        manifest.load_manifest(pkg / "manifest.json")
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda d: d["variants"][0].pop("kernel"), "missing field 'kernel'"),
+    (lambda d: d["variants"][0].update(block=[256, 1]), "'block' should be three positive ints"),
+    (lambda d: d["variants"][0].update(file="../../etc/passwd"), "must stay inside the package"),
+    (lambda d: d["variants"][0]["params"][1].update(offset=4), "overlaps or is misaligned"),
+    (lambda d: d["variants"][0]["params"][0].update(kind="u8"), "has kind 'u8'"),
+    (lambda d: d.update(compute_capability="9.0"), "'compute_capability' should be list"),
+])
+def test_schema_errors(tmp_path, change, message):
+    pkg = write_cubin_dir(tmp_path)
+    _edit(pkg, change)
+    with pytest.raises(ManifestError, match=message):
+        manifest.load_manifest(pkg / "manifest.json")
+
+
+def test_unreadable_manifest(tmp_path):
+    (tmp_path / "manifest.json").write_text("{not json")
+    with pytest.raises(ManifestError, match="cannot read manifest"):
+        manifest.load_manifest(tmp_path / "manifest.json")
+
+
+def test_sha256_mismatch_detected_and_skippable(tmp_path, monkeypatch):
+    pkg = write_cubin_dir(tmp_path)
+    v = manifest.load_manifest(pkg / "manifest.json").variants[0]
+    v.path.write_bytes(b"X" * v.size)  # same size, different bytes
+    monkeypatch.delenv(manifest.ENV_SKIP_SHA256, raising=False)
+    with pytest.raises(Sha256MismatchError, match="pip install --force-reinstall 'mamba2_aot_cubins_sm90=="):
+        manifest.read_cubin(v)
+    assert manifest.read_cubin(v, verify=False) == b"X" * v.size
+    monkeypatch.setenv(manifest.ENV_SKIP_SHA256, "1")
+    assert manifest.read_cubin(v) == b"X" * v.size
+
+
+def test_missing_cubin_file(tmp_path):
+    pkg = write_cubin_dir(tmp_path)
+    v = manifest.load_manifest(pkg / "manifest.json").variants[0]
+    v.path.unlink()
+    with pytest.raises(CubinPackageError, match="is missing"):
+        manifest.read_cubin(v)
+
+
+def test_discover_override_dir_forms(tmp_path):
+    write_cubin_dir(tmp_path / "stage", cc=(9, 0))
+    write_cubin_dir(tmp_path / "stage", cc=(10, 0))
+    single = write_cubin_dir(tmp_path / "single", cc=(12, 0))
+    env = {manifest.ENV_CUBIN_DIR: f"{tmp_path / 'stage'}{':'}{single}"}
+    catalog = manifest.discover(env)
+    assert sorted(m.compute_capability for m in catalog.manifests) == [(9, 0), (10, 0), (12, 0)]
+    assert not catalog.problems
+
+
+def test_discover_empty_override_is_a_problem(tmp_path):
+    catalog = manifest.discover({manifest.ENV_CUBIN_DIR: str(tmp_path)})
+    assert not catalog.manifests
+    with pytest.raises(CubinNotInstalledError, match="holds no manifest.json"):
+        catalog.for_capability((9, 0))
+
+
+def test_discover_installed_package_and_override_precedence(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    pkg = write_cubin_dir(site, cc=(9, 0))
+    (pkg / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(site))
+    catalog = manifest.discover({})
+    assert [m.path for m in catalog.manifests] == [pkg / "manifest.json"]
+    assert "mamba2_aot_cubins_sm90" not in sys.modules  # found, not imported
+
+    override = write_cubin_dir(tmp_path / "override", cc=(9, 0), chunk_sizes=(128,))
+    catalog = manifest.discover({manifest.ENV_CUBIN_DIR: str(override)})
+    assert catalog.find("ssd_chunk_cumsum", {"chunk_size": 128, "dt_dtype": "bf16"}, (9, 0)).path.is_relative_to(
+        override)
+    # the installed package still serves variants the override does not have
+    assert catalog.find("ssd_chunk_cumsum", {"chunk_size": 64, "dt_dtype": "bf16"}, (9, 0)).path.is_relative_to(pkg)
+
+
+def test_missing_arch_names_the_wheel(tmp_path):
+    catalog = manifest.discover({manifest.ENV_CUBIN_DIR: str(write_cubin_dir(tmp_path, cc=(10, 0)))})
+    with pytest.raises(CubinNotInstalledError) as info:
+        catalog.for_capability((9, 0))
+    text = str(info.value)
+    assert "sm_90" in text and f"pip install 'mamba2_aot_cubins_sm90=={mamba2_aot.__version__}'" in text
+    assert "mamba2_aot_cubins_sm100 (sm_100a)" in text
+
+
+def test_version_locked_package_raised_only_for_its_arch(tmp_path):
+    write_cubin_dir(tmp_path, cc=(9, 0), version="0.0.1")
+    write_cubin_dir(tmp_path, cc=(10, 0))
+    catalog = manifest.discover({manifest.ENV_CUBIN_DIR: str(tmp_path)})
+    assert catalog.for_capability((10, 0))  # the good package is usable
+    with pytest.raises(VersionLockError):
+        catalog.for_capability((9, 0))
+
+
+def test_find_lists_built_variants(tmp_path):
+    catalog = manifest.discover({manifest.ENV_CUBIN_DIR: str(write_cubin_dir(tmp_path))})
+    with pytest.raises(VariantNotFoundError) as info:
+        catalog.find("ssd_chunk_cumsum", {"chunk_size": 128, "dt_dtype": "bf16"}, (9, 0))
+    text = str(info.value)
+    assert "chunk_size=128, dt_dtype=bf16 on sm_90" in text
+    assert "[chunk_size=256, dt_dtype=fp32]" in text and "[chunk_size=64, dt_dtype=bf16]" in text
+
+
+def test_naming_helpers():
+    assert manifest.package_name((10, 0)) == "mamba2_aot_cubins_sm100"
+    assert manifest.arch_name((9, 0)) == "sm_90"
+    assert manifest.constants_key({"b": 1, "a": "x"}) == (("a", "x"), ("b", 1))

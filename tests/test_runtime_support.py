@@ -1,0 +1,298 @@
+"""Fakes shared by the runtime's CPU tests (no test functions here).
+
+* :class:`FakeCAI` / :class:`FakeDLPack`: device arrays exposing ``__cuda_array_interface__`` or a
+  hand-made DLPack capsule, at made-up addresses (nothing is dereferenced on the CPU).
+* :func:`write_cubin_dir`: a manifest plus fake cubins for ``ssd_chunk_cumsum``, laid out like a build.
+* :class:`FakeDriver`: stands in for :class:`mamba2_aot.driver.CudaDriver` and records every call.
+* fixtures ``no_driver`` (opening the driver fails the test) and ``fake_runtime`` (fake cubins + FakeDriver).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+import mamba2_aot
+from mamba2_aot import dispatch, driver, manifest
+from mamba2_aot.plans.ssd_chunk_cumsum import ChunkCumsumPlan
+
+# The contract's kernel parameter kinds for ssd_chunk_cumsum (issue 3), in order.
+CUMSUM_KINDS = ["ptr"] * 5 + ["i32"] * 4 + ["i64"] * 13 + ["i32", "i32", "f32", "f32"]
+KIND_SIZES = {"ptr": 8, "i32": 4, "i64": 8, "f32": 4}
+
+
+def c_layout(names, kinds):
+    """Naturally aligned C layout, as the build writes it into the manifest."""
+    rows, offset = [], 0
+    for name, kind in zip(names, kinds):
+        size = KIND_SIZES[kind]
+        offset = -(-offset // size) * size
+        rows.append({"name": name, "kind": kind, "size": size, "offset": offset})
+        offset += size
+    return rows
+
+
+class FakeCAI:
+    """An object exposing only ``__cuda_array_interface__`` (v3)."""
+
+    def __init__(self, ptr, shape, typestr="<f4", strides=None, readonly=False, stream=None, mask=None):
+        self.__cuda_array_interface__ = {
+            "version": 3, "data": (ptr, readonly), "shape": tuple(shape), "typestr": typestr, "strides": strides,
+            "stream": stream,
+        }
+        if mask is not None:
+            self.__cuda_array_interface__["mask"] = mask
+
+
+def contiguous(shape):
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= max(d, 1)
+    return tuple(reversed(strides))
+
+
+def fake_array(ptr, shape, dtype="fp32", strides=None):
+    """A FakeCAI array of ``dtype`` with element ``strides`` (default C-contiguous)."""
+    typestr = {"fp32": "<f4", "fp16": "<f2", "int32": "<i4", "int64": "<i8"}[dtype]
+    itemsize = int(typestr[2:])
+    strides = contiguous(shape) if strides is None else strides
+    return FakeCAI(ptr, shape, typestr, tuple(s * itemsize for s in strides))
+
+
+# -- DLPack ----------------------------------------------------------------------------------------------
+_PyCapsule_New = ctypes.pythonapi.PyCapsule_New
+_PyCapsule_New.restype = ctypes.py_object
+_PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)  # void (*)(PyObject *), object not touched
+_NAMES = {False: ctypes.c_char_p(b"dltensor"), True: ctypes.c_char_p(b"dltensor_versioned")}  # must outlive capsules
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
+                ("ndim", ctypes.c_int32), ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
+                ("lanes", ctypes.c_uint16), ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                ("byte_offset", ctypes.c_uint64)]
+
+
+class _Managed(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+class _ManagedVersioned(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p), ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
+
+
+class FakeDLPack:
+    """An array exposing only ``__dlpack__``/``__dlpack_device__``, with a hand-built capsule.
+
+    ``destroyed`` counts capsule destructor calls (to check nothing leaks or is freed twice);
+    ``requests`` records the ``__dlpack__`` keyword arguments.
+    """
+
+    def __init__(self, ptr, shape, *, code=2, bits=32, lanes=1, strides=None, byte_offset=0, device=(2, 0),
+                 versioned=True, major=1, flags=0, old_producer=False):
+        self.ptr, self.shape, self.strides = ptr, tuple(shape), strides
+        self.code, self.bits, self.lanes, self.byte_offset, self.device = code, bits, lanes, byte_offset, device
+        self.versioned, self.major, self.flags, self.old_producer = versioned, major, flags, old_producer
+        self.destroyed = 0
+        self.requests = []
+        self._keep = []
+
+        @CAPSULE_DESTRUCTOR
+        def _destructor(_capsule):
+            self.destroyed += 1
+
+        self._destructor = _destructor
+
+    def __dlpack_device__(self):
+        return self.device
+
+    def __dlpack__(self, *, stream=None, max_version=None, **extra):
+        if self.old_producer and max_version is not None:
+            raise TypeError("__dlpack__() got an unexpected keyword argument 'max_version'")
+        self.requests.append({"stream": stream, "max_version": max_version})
+        shape = (ctypes.c_int64 * len(self.shape))(*self.shape)
+        strides = (ctypes.c_int64 * len(self.shape))(*self.strides) if self.strides is not None else None
+        strides_ptr = ctypes.addressof(strides) if strides is not None else None
+        tensor = _DLTensor(self.ptr, self.device[0], self.device[1], len(self.shape), self.code, self.bits,
+                           self.lanes, ctypes.addressof(shape), strides_ptr, self.byte_offset)
+        versioned = self.versioned and max_version is not None
+        managed = _ManagedVersioned(self.major, 0, None, None, self.flags, tensor) if versioned else _Managed(tensor)
+        self._keep += [shape, strides, managed]
+        return _PyCapsule_New(ctypes.addressof(managed), _NAMES[versioned], ctypes.cast(self._destructor,
+                                                                                          ctypes.c_void_p))
+
+
+# -- cubins and manifests --------------------------------------------------------------------------------
+def variant_entry(family, constants, image, *, params, block=(256, 1, 1), cluster=(1, 1, 1), dynamic_smem=32,
+                  grid="chunks,batch,heads"):
+    stem = ".".join([family] + [f"{k}-{constants[k]}" for k in sorted(constants)])
+    return {
+        "family": family, "key": f"{family}[" + ",".join(f"{k}={constants[k]}" for k in sorted(constants)) + "]",
+        "constants": constants, "file": f"cubins/{stem}.cubin", "sha256": hashlib.sha256(image).hexdigest(),
+        "size": len(image), "kernel": f"kernel_{stem}", "block": list(block), "cluster": list(cluster),
+        "dynamic_smem": dynamic_smem, "static_smem": 0, "registers": 24, "grid": grid, "params": params,
+        "validated": True,
+    }
+
+
+def write_cubin_dir(root: Path, *, cc=(9, 0), version=None, chunk_sizes=(64, 256), dtypes=("bf16", "fp32"),
+                    schema=1, **variant_options) -> Path:
+    """Write ``root/mamba2_aot_cubins_smXY/{manifest.json, cubins/*.cubin}``; returns the package dir."""
+    package = f"mamba2_aot_cubins_sm{cc[0]}{cc[1]}"
+    pkg = root / package
+    (pkg / "cubins").mkdir(parents=True)
+    params = c_layout(ChunkCumsumPlan.param_names, CUMSUM_KINDS)
+    variants = []
+    for q in chunk_sizes:
+        for dt in dtypes:
+            constants = {"chunk_size": q, "dt_dtype": dt}
+            image = f"fake cubin {package} {q} {dt}".encode()
+            entry = variant_entry("ssd_chunk_cumsum", constants, image, params=params, **variant_options)
+            (pkg / entry["file"]).write_bytes(image)
+            variants.append(entry)
+    data = {"schema": schema, "package": package, "version": version or mamba2_aot.__version__,
+            "arch": f"sm_{cc[0]}{cc[1]}a", "compute_capability": list(cc),
+            "toolchain": {"cutlass_dsl": "4.8.1", "cuda_flavour": "cu12"}, "variants": variants}
+    (pkg / "manifest.json").write_text(json.dumps(data, indent=1, sort_keys=True))
+    return pkg
+
+
+# -- driver ----------------------------------------------------------------------------------------------
+class FakeDriver:
+    """Records calls; devices have ``capabilities[i]``; pointers below ``device_split`` are on cuda:0."""
+
+    def __init__(self, capabilities=((9, 0),), *, capturing=False, param_table=None, get_kernel_error=None):
+        self.capabilities = list(capabilities)
+        self.capturing = capturing
+        self.param_table = param_table
+        self.get_kernel_error = get_kernel_error
+        self.calls = []
+        self.launches = []
+        self.device_split = 1 << 40
+        self.current = 0
+        self.stream_contexts = {}
+        self.param_sizes = [row["size"] for row in c_layout(ChunkCumsumPlan.param_names, CUMSUM_KINDS)]
+
+    def _record(self, *call):
+        self.calls.append(call)
+
+    version_string = "13.0"
+
+    def device_count(self):
+        return len(self.capabilities)
+
+    def compute_capability(self, device):
+        return self.capabilities[device]
+
+    def device_attribute(self, attribute, device):
+        self._record("device_attribute", attribute, device)
+        return 227 * 1024
+
+    def device_name(self, device):
+        return "Fake GPU"
+
+    def primary_context(self, device):
+        return 0x1000 + device
+
+    def bind_primary_context(self, device):
+        self._record("bind", device)
+        previous, self.current = self.current, self.primary_context(device)
+        return previous if previous not in (0, self.current) else None
+
+    def set_current_context(self, ctx):
+        self._record("set_current", ctx)
+        self.current = ctx
+
+    def pointer_device(self, ptr):
+        self._record("pointer_device", ptr)
+        return 0 if ptr < self.device_split else 1
+
+    def stream_context(self, stream):
+        return self.stream_contexts.get(stream, 0x1000)
+
+    def stream_is_capturing(self, stream):
+        self._record("is_capturing", stream)
+        return self.capturing
+
+    def stream_wait_stream(self, consumer, producer):
+        self._record("wait", consumer, producer)
+
+    def library_load_data(self, image):
+        self._record("load", image)
+        return 0xAAAA
+
+    def library_get_kernel(self, library, symbol):
+        self._record("get_kernel", symbol)
+        if self.get_kernel_error is not None:
+            raise self.get_kernel_error
+        return 0xBBBB
+
+    def kernel_param_info(self, kernel):
+        return self.param_table
+
+    def kernel_attribute(self, attribute, kernel, device):
+        return 1024
+
+    def set_kernel_attribute(self, attribute, value, kernel, device):
+        self._record("set_attribute", attribute, value, device)
+
+    def kernel_function(self, kernel):
+        self._record("function", self.current)
+        return 0xCCCC
+
+    def launch(self, func, grid, block, smem, stream, attrs, num_attrs, params):
+        self.launches.append({
+            "func": func, "grid": tuple(grid), "block": tuple(block), "smem": smem, "stream": stream,
+            "attrs": [tuple(attrs[i].value.clusterDim) for i in range(num_attrs)],
+            # copy the packed values now: the runtime frees its parameter buffer when launch returns
+            "params": [ctypes.string_at(params[i], size) for i, size in enumerate(self.param_sizes)],
+            "context": self.current,
+        })
+
+
+def unpack_params(launch_record, layout):
+    """Decode the packed kernel params of a recorded launch by the manifest layout -> {name: value}."""
+    codes = {"ptr": "<Q", "i32": "<i", "i64": "<q", "f32": "<f"}
+    values = {}
+    for row, raw in zip(layout, launch_record["params"]):
+        values[row["name"]] = struct.unpack(codes[row["kind"]], raw)[0]
+    return values
+
+
+def reset_runtime_state(monkeypatch):
+    """Fresh caches: no catalog, no driver, nothing loaded."""
+    monkeypatch.setattr(manifest, "_catalog", None)
+    monkeypatch.setattr(driver, "_driver", None)
+    monkeypatch.setattr(dispatch, "_kernels", {})
+    monkeypatch.setattr(dispatch, "_libraries", {})
+    monkeypatch.setattr(dispatch, "_recent_calls", {})
+
+
+@pytest.fixture
+def no_driver(monkeypatch):
+    """Any attempt to open libcuda fails the test: proves a refused call never reaches the driver."""
+    reset_runtime_state(monkeypatch)
+
+    def explode():
+        raise AssertionError("the CUDA driver was opened")
+
+    monkeypatch.setattr(driver, "_load_library", explode)
+
+
+@pytest.fixture
+def fake_runtime(tmp_path, monkeypatch):
+    """Fake sm_90 cubins in MAMBA2_AOT_CUBIN_DIR and a FakeDriver with one sm_90 device; yields the driver."""
+    reset_runtime_state(monkeypatch)
+    write_cubin_dir(tmp_path)
+    monkeypatch.setenv(manifest.ENV_CUBIN_DIR, str(tmp_path))
+    monkeypatch.delenv(manifest.ENV_SKIP_SHA256, raising=False)
+    fake = FakeDriver()
+    monkeypatch.setattr(driver, "_driver", fake)
+    return fake
