@@ -19,11 +19,13 @@ DTYPE_NAMES = ("bf16", "fp16", "fp32", "int32", "int64")
 
 @dataclass(frozen=True)
 class Param:
-    """One kernel parameter: ``name`` (the runtime packs by it), ``kind`` and, for pointers, ``dtype``."""
+    """One kernel parameter: ``name`` (the runtime packs by it), ``kind`` and, for pointers, ``dtype`` and the
+    byte alignment the kernel may assume (``align``; default: the element size)."""
 
     name: str
     kind: str
     dtype: str | None = None
+    align: int | None = None
 
     def __post_init__(self):
         if self.kind not in KIND_SIZES:
@@ -34,8 +36,8 @@ class Param:
             raise ValueError(f"param {self.name!r}: unknown dtype {self.dtype!r}")
 
 
-def ptr(name: str, dtype: str) -> Param:
-    return Param(name, "ptr", dtype)
+def ptr(name: str, dtype: str, align: int | None = None) -> Param:
+    return Param(name, "ptr", dtype, align)
 
 
 def i32(name: str) -> Param:
@@ -94,6 +96,7 @@ def placeholder(p: Param):
 
     if p.kind == "ptr":
         element = cutlass_dtype(p.dtype)
-        # Only element alignment is assumed: strided views of larger buffers are legal inputs.
-        return make_ptr(element, element.width // 8, cute.AddressSpace.gmem, assumed_align=element.width // 8)
+        # By default only element alignment is assumed: strided views of larger buffers are legal inputs.
+        align = p.align or element.width // 8
+        return make_ptr(element, align, cute.AddressSpace.gmem, assumed_align=align)
     return {"i32": cutlass.Int32(0), "i64": cutlass.Int64(0), "f32": cutlass.Float32(0.0)}[p.kind]

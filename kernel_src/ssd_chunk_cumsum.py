@@ -6,25 +6,26 @@ Math (BRIEF §2; the layout of state-spaces/mamba's ``_chunk_cumsum_fwd``)::
     dt_out[b,h,c,t]    = Δ[b, c·Q + t, h]                          (0 past the end of the sequence)
     dA_cumsum[b,h,c,t] = Σ_{s ≤ t} Δ[b, c·Q + s, h] · A[h]        (flat past the end of the sequence)
 
-One CTA per (chunk, batch row, head) with one thread per chunk position: a warp-shuffle inclusive scan,
-then the warp totals are added through shared memory.
+One warp per (chunk, batch row, head), HEADS_PER_CTA heads per CTA. The warp walks the chunk 32 positions
+at a time: a shuffle scan of each row of 32 plus the carry of the rows before it. No shared memory.
 """
+
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.utils
 from cutlass import Float32
 
 from kernel_src.abi import bind, f32, i32, i64, ptr
 from kernel_src.ssm_math import delta_from_dt
 
 WARP = 32
+HEADS_PER_CTA = 4
 
 
 class ChunkCumsum:
     family = "ssd_chunk_cumsum"
-    grid_rule = "chunks,batch,heads"
+    grid_rule = "chunks,batch,heads/4"
     chunk_sizes = (64, 128, 256)
     dt_dtypes = ("bf16", "fp16", "fp32")
 
@@ -35,10 +36,9 @@ class ChunkCumsum:
             raise ValueError(f"dt_dtype {dt_dtype!r} not in {self.dt_dtypes}")
         self.chunk_size = chunk_size
         self.dt_dtype = dt_dtype
-        self.num_warps = chunk_size // WARP
-        self.block = (chunk_size, 1, 1)
+        self.block = (HEADS_PER_CTA * WARP, 1, 1)
         self.cluster = (1, 1, 1)
-        self.dynamic_smem = self.num_warps * 4  # one fp32 total per warp
+        self.dynamic_smem = 0
 
     def params(self):
         """The flat parameter list, in kernel order (see kernel_src/abi.py)."""
@@ -57,53 +57,46 @@ class ChunkCumsum:
     @cute.jit
     def __call__(self, args: tuple, stream):
         a = bind(self.params(), args)
-        self.kernel(args).launch(grid=[a.nchunks, a.batch, a.nheads], block=list(self.block),
-                                 smem=self.dynamic_smem, stream=stream)
+        self.kernel(args).launch(grid=[a.nchunks, a.batch, (a.nheads + HEADS_PER_CTA - 1) // HEADS_PER_CTA],
+                                 block=list(self.block), smem=self.dynamic_smem, stream=stream)
 
     @cute.kernel
     def kernel(self, args: tuple):
         a = bind(self.params(), args)
-        Q = self.chunk_size
-        t, _, _ = cute.arch.thread_idx()
-        c, b, h = cute.arch.block_idx()
+        c, b, head_block = cute.arch.block_idx()
         lane = cute.arch.lane_idx()
-        warp = cute.arch.warp_idx()
+        h = head_block * HEADS_PER_CTA + cute.arch.warp_idx()
 
         # Int64 strides make every offset 64-bit: wide strided views (dt sliced from a fused projection).
         mdt = cute.make_tensor(a.dt, cute.make_layout((a.batch, a.seqlen, a.nheads), stride=(
             a.stride_dt_batch, a.stride_dt_seqlen, a.stride_dt_head)))
         mA = cute.make_tensor(a.A, cute.make_layout((a.nheads,), stride=(a.stride_A_head,)))
         mbias = cute.make_tensor(a.dt_bias, cute.make_layout((a.nheads,), stride=(a.stride_dt_bias_head,)))
-        out_shape = (a.batch, a.nheads, a.nchunks, Q)
+        out_shape = (a.batch, a.nheads, a.nchunks, self.chunk_size)
         mdt_out = cute.make_tensor(a.dt_out, cute.make_layout(out_shape, stride=(
             a.stride_dt_out_batch, a.stride_dt_out_head, a.stride_dt_out_chunk, a.stride_dt_out_pos)))
         mdA = cute.make_tensor(a.dA_cumsum, cute.make_layout(out_shape, stride=(
             a.stride_dA_cumsum_batch, a.stride_dA_cumsum_head, a.stride_dA_cumsum_chunk, a.stride_dA_cumsum_pos)))
 
-        pos = c * Q + t
-        delta = Float32(0.0)
-        if pos < a.seqlen:
+        if h < a.nheads:  # uniform per warp: the shuffles below stay converged
+            A_h = mA[h]
             bias = Float32(0.0)
             if a.has_dt_bias != 0:
                 bias = mbias[h]
-            delta = delta_from_dt(mdt[b, pos, h].to(Float32), bias, a.dt_softplus, a.dt_min, a.dt_max)
-        # Past the end of the sequence Δ is exactly 0, so the cumsum stays flat (no 0·inf from A).
-        running = delta * mA[h]
-
-        for k in cutlass.range_constexpr(5):
-            offset = 1 << k
-            neighbour = cute.arch.shuffle_sync_up(running, offset)
-            if lane >= offset:
-                running = running + neighbour
-
-        smem = cutlass.utils.SmemAllocator()
-        warp_totals = smem.allocate_tensor(Float32, cute.make_layout((self.num_warps,)), byte_alignment=4)
-        if lane == WARP - 1:
-            warp_totals[warp] = running
-        cute.arch.sync_threads()
-        for w in cutlass.range_constexpr(self.num_warps - 1):
-            if w < warp:
-                running = running + warp_totals[w]
-
-        mdt_out[b, h, c, t] = delta
-        mdA[b, h, c, t] = running
+            carry = Float32(0.0)
+            for row in cutlass.range_constexpr(self.chunk_size // WARP):
+                t = row * WARP + lane
+                pos = c * self.chunk_size + t
+                delta = Float32(0.0)
+                if pos < a.seqlen:
+                    delta = delta_from_dt(mdt[b, pos, h].to(Float32), bias, a.dt_softplus, a.dt_min, a.dt_max)
+                # Past the end of the sequence Δ is exactly 0, so the cumsum stays flat (no 0·inf from A).
+                running = delta * A_h
+                for k in cutlass.range_constexpr(5):
+                    neighbour = cute.arch.shuffle_sync_up(running, 1 << k)
+                    if lane >= (1 << k):
+                        running = running + neighbour
+                running = running + carry
+                carry = cute.arch.shuffle_sync(running, WARP - 1)
+                mdt_out[b, h, c, t] = delta
+                mdA[b, h, c, t] = running

@@ -3,9 +3,8 @@
 Math (BRIEF §2), per request b, head h and token t, with the state h (P × N) read from slot s = state_indices[b]::
 
     Δ   = clamp(softplus?(dt[b,t,h] + dt_bias[h]), dt_min, dt_max)        softplus(v) = v if v > 20
-    h   = h · exp(Δ·A[h]) + (Δ·x[b,t,h,:]) ⊗ B[b,t,g,:]                    g = h // (nheads / ngroups)
+    h   = round_to_pool_dtype(h · exp(Δ·A[h]) + (Δ·x[b,t,h,:]) ⊗ B[b,t,g,:])   g = h // (nheads / ngroups)
     y   = h · C[b,t,g,:]  (+ D[h,:] ⊙ x)   ;   out = y · silu(z) if z is given
-    h   = round_to_pool_dtype(h)                                           (after every token: see below)
 
 The state is rounded to the pool's dtype after every token, as if it were stored and reloaded. That makes the
 three modes agree bitwise: T one-token calls equal one T-token call, snapshot slots equal the states a
@@ -22,7 +21,7 @@ Modes (a compile-time constant):
 Rows are padding (outputs zero, nothing read or written) when the slot index is negative or past the pool;
 an out-of-range slot, snapshot index or num_accepted (clamped to [0, pending]) is counted in the optional
 device counter. One CTA owns one (request, head): its warps split the P rows, each lane holds N/32
-interleaved state columns (element n = j·32 + lane) so every load and store is coalesced.
+contiguous state columns of a row (one vector access; a warp covers the row, so access is coalesced).
 """
 from __future__ import annotations
 
@@ -34,10 +33,10 @@ from kernel_src.abi import bind, cutlass_dtype, f32, i32, i64, ptr
 from kernel_src.ssm_math import delta_from_dt, silu
 
 WARP = 32
-# State values a lane keeps in registers: rows_per_warp × (N / 32).
-STATE_REGS_PER_LANE = 32
-# 256 threads leave each thread up to 255 registers (512 would cap them at 128, which the compact fold
-# and the token loop together exceed); larger states take several row passes instead.
+# State values a lane keeps in registers (rows_per_warp × N / 32) and warps per CTA: larger states take
+# several row passes. Measured on the H200 (bench/bench_verify.py, H128 P64 N128): 16 values and 8 warps
+# decode batch 64 in 142 µs; 16 × 16 warps took 221 µs and 32 × 8 warps 165 µs (fewer CTAs per SM).
+STATE_REGS_PER_LANE = 16
 MAX_WARPS = 8
 
 
@@ -64,13 +63,15 @@ class Verify:
         self.row_passes = max(1, rows_per_lane * self.cols_per_lane // STATE_REGS_PER_LANE)
         self.rows_per_warp = rows_per_lane // self.row_passes
         self.block = (self.num_warps * WARP, 1, 1)
+        # a lane's columns are one vector access: the runtime checks the pool's base alignment (bytes)
+        self.state_align = min(16, self.cols_per_lane * {"fp32": 4, "bf16": 2, "fp16": 2}[pool_dtype])
         self.cluster = (1, 1, 1)
         self.dynamic_smem = 0
 
     def params(self):
         io, pool = self.io_dtype, self.pool_dtype
         return [
-            ptr("state", pool), ptr("x", io), ptr("dt", io), ptr("A", "fp32"), ptr("B", io), ptr("C", io),
+            ptr("state", pool, align=self.state_align), ptr("x", io), ptr("dt", io), ptr("A", "fp32"), ptr("B", io), ptr("C", io),
             ptr("D", "fp32"), ptr("z", io), ptr("dt_bias", "fp32"), ptr("out", io),
             ptr("state_indices", "int32"), ptr("snapshot_indices", "int32"), ptr("num_accepted", "int32"),
             ptr("window_count", "int32"), ptr("window_x", io), ptr("window_B", io), ptr("window_dt", io),
@@ -101,8 +102,9 @@ class Verify:
     @cute.jit
     def __call__(self, args: tuple, stream):
         a = bind(self.params(), args)
+        # min_blocks_per_mp=1 lifts ptxas' own occupancy target, under which it spilled address registers
         self.kernel(args).launch(grid=[a.nheads, a.batch, 1], block=list(self.block), smem=self.dynamic_smem,
-                                 stream=stream)
+                                 stream=stream, min_blocks_per_mp=1)
 
     @cute.kernel
     def kernel(self, args: tuple):
@@ -123,7 +125,11 @@ class Verify:
             return cute.make_tensor(pointer, cute.make_layout(shape, stride=strides))
 
         T, H, cap = a.seqlen, a.nheads, a.window_capacity
-        state = view(a.state, (a.num_slots, H, P, N), a.stride_state_slot, a.stride_state_head, N, 1)
+        # The runtime checks the pool's base is 16-byte aligned and its slot and head strides are multiples
+        # of N / 32 elements, so each lane's N / 32 columns are one aligned vector access.
+        V_align = self.cols_per_lane
+        state = view(a.state, (a.num_slots, H, P, N), cute.assume(a.stride_state_slot, divby=V_align),
+                     cute.assume(a.stride_state_head, divby=V_align), N, 1)
         x = view(a.x, (a.batch, T, H, P), a.stride_x_batch, a.stride_x_seqlen, a.stride_x_head, 1)
         dt = view(a.dt, (a.batch, T, H), a.stride_dt_batch, a.stride_dt_seqlen, a.stride_dt_head)
         Bm = view(a.B, (a.batch, T, H, N), a.stride_B_batch, a.stride_B_seqlen, a.stride_B_group, 1)
@@ -161,9 +167,9 @@ class Verify:
                 folds = cute.math.min(cute.math.max(folds, Int32(0)), pending)
 
         st = cute.make_rmem_tensor((R, V), Float32)
-        x_raw = cute.make_rmem_tensor((R,), io_type)
-        B_raw = cute.make_rmem_tensor((V,), io_type)
-        C_vals = cute.make_rmem_tensor((V,), Float32)
+        # One token's inputs. (Prefetching the next token's into a second set measured slower: the extra
+        # registers cost more occupancy than the overlap gained.)
+        cur_x, cur_B, cur_C, cur_z, cur_dt = self._token_buffers(io_type)
 
         # Large states are processed in row passes so that each lane keeps at most R × V values.
         for row_pass in cutlass.range_constexpr(self.row_passes):
@@ -172,16 +178,13 @@ class Verify:
             for r in cutlass.range_constexpr(R):
                 for j in cutlass.range_constexpr(V):
                     st[r, j] = Float32(0.0)
-                    if valid != 0:
-                        st[r, j] = state[slot, h, row0 + r, j * WARP + lane].to(Float32)
+            if valid != 0:
+                self._load_state(state, slot, h, row0, lane, st, pool_type)
 
             if cutlass.const_expr(compact):
                 for i in range(folds):
-                    for r in cutlass.range_constexpr(R):
-                        x_raw[r] = w_x[slot, i, h, row0 + r]
-                    for j in cutlass.range_constexpr(V):
-                        B_raw[j] = w_B[slot, i, h, j * WARP + lane]
-                    self._advance(a, st, w_dt[slot, i, h], dt_bias, h, A_h, x_raw, B_raw)
+                    self._load_window_row(w_x, w_B, w_dt, slot, i, h, row0, lane, cur_x, cur_B, cur_dt)
+                    self._advance(a, st, cur_dt[0], dt_bias, h, A_h, cur_x, cur_B, pool_type)
                 if folds > 0:
                     self._store_state(state, slot, h, row0, lane, st, pool_type)
                 # Every warp's reads of the old window precede any write of the new one.
@@ -190,32 +193,23 @@ class Verify:
             # Padding rows run the token loop too (from a zero state, on their own inputs) so that the warp
             # shuffles stay in uniform control flow; only the writes depend on the row being valid.
             for t in range(T):
-                for r in cutlass.range_constexpr(R):
-                    x_raw[r] = x[b, t, h, row0 + r]
-                for j in cutlass.range_constexpr(V):
-                    B_raw[j] = Bm[b, t, g, j * WARP + lane]
-                    C_vals[j] = Cm[b, t, g, j * WARP + lane].to(Float32)
-                dt_raw = dt[b, t, h]
-                self._advance(a, st, dt_raw, dt_bias, h, A_h, x_raw, B_raw)
+                self._load_token(a, x, dt, Bm, Cm, z, b, t, h, g, row0, lane, cur_x, cur_B, cur_C, cur_z, cur_dt)
+                self._advance(a, st, cur_dt[0], dt_bias, h, A_h, cur_x, cur_B, pool_type)
                 for r in cutlass.range_constexpr(R):
                     acc = Float32(0.0)
                     for j in cutlass.range_constexpr(V):
-                        acc = cute.math.fma(st[r, j], C_vals[j], acc)
+                        acc = cute.math.fma(st[r, j], cur_C[j].to(Float32), acc)
                     for k in cutlass.range_constexpr(5):
                         acc = acc + cute.arch.shuffle_sync_bfly(acc, 16 >> k)
                     y = acc
                     if a.has_D != 0:  # re-read per token: it stays in L1, and holding it would cost R registers
-                        y = cute.math.fma(D[h, row0 + r], x_raw[r].to(Float32), acc)
+                        y = cute.math.fma(D[h, row0 + r], cur_x[r].to(Float32), acc)
                     if a.has_z != 0:
-                        y = y * silu(z[b, t, h, row0 + r].to(Float32))
+                        y = y * silu(cur_z[r].to(Float32))
                     if valid == 0:
                         y = Float32(0.0)
                     if lane == 0:
                         out[b, t, h, row0 + r] = y.to(io_type)
-                if cutlass.const_expr(self.pool_dtype != "fp32"):
-                    for r in cutlass.range_constexpr(R):
-                        for j in cutlass.range_constexpr(V):
-                            st[r, j] = st[r, j].to(pool_type).to(Float32)
                 if valid != 0:
                     if cutlass.const_expr(self.mode == "snapshot"):
                         target = snapshots[b, t]
@@ -228,13 +222,13 @@ class Verify:
                     if cutlass.const_expr(compact):
                         if lane == 0:
                             for r in cutlass.range_constexpr(R):
-                                w_x[slot, t, h, row0 + r] = x_raw[r]
+                                w_x[slot, t, h, row0 + r] = cur_x[r]
                         if cutlass.const_expr(last_pass):  # earlier passes still fold the old B and dt rows
                             if warp == 0:
                                 for j in cutlass.range_constexpr(V):
-                                    w_B[slot, t, h, j * WARP + lane] = B_raw[j]
+                                    w_B[slot, t, h, lane * V + j] = cur_B[j]
                                 if lane == 0:
-                                    w_dt[slot, t, h] = dt_raw
+                                    w_dt[slot, t, h] = cur_dt[0]
 
             if cutlass.const_expr(self.mode == "update"):
                 if valid != 0:
@@ -245,9 +239,34 @@ class Verify:
                 if tid == 0:
                     w_count[slot, h] = T
 
+    def _token_buffers(self, io_type):
+        """Registers for one token's inputs: x (R), B (V), C (V), z (R), dt (1), in the I/O dtype."""
+        R, V = self.rows_per_warp, self.cols_per_lane
+        return tuple(cute.make_rmem_tensor((n,), io_type) for n in (R, V, V, R, 1))
+
     @cute.jit
-    def _advance(self, a, st, dt_raw, dt_bias, h, A_h, x_raw, B_raw):
-        """One token: h = h·exp(Δ·A) + (Δ·x) ⊗ B, as explicit fmas (the fold and the main loop share it)."""
+    def _load_token(self, a, x, dt, Bm, Cm, z, b, t, h, g, row0, lane, x_buf, B_buf, C_buf, z_buf, dt_buf):
+        for r in cutlass.range_constexpr(self.rows_per_warp):
+            x_buf[r] = x[b, t, h, row0 + r]
+            if a.has_z != 0:
+                z_buf[r] = z[b, t, h, row0 + r]
+        for j in cutlass.range_constexpr(self.cols_per_lane):
+            B_buf[j] = Bm[b, t, g, lane * self.cols_per_lane + j]
+            C_buf[j] = Cm[b, t, g, lane * self.cols_per_lane + j]
+        dt_buf[0] = dt[b, t, h]
+
+    @cute.jit
+    def _load_window_row(self, w_x, w_B, w_dt, slot, i, h, row0, lane, x_buf, B_buf, dt_buf):
+        for r in cutlass.range_constexpr(self.rows_per_warp):
+            x_buf[r] = w_x[slot, i, h, row0 + r]
+        for j in cutlass.range_constexpr(self.cols_per_lane):
+            B_buf[j] = w_B[slot, i, h, lane * self.cols_per_lane + j]
+        dt_buf[0] = w_dt[slot, i, h]
+
+    @cute.jit
+    def _advance(self, a, st, dt_raw, dt_bias, h, A_h, x_raw, B_raw, pool_type):
+        """One token: h = round_to_pool(h·exp(Δ·A) + (Δ·x) ⊗ B), as explicit fmas, shared by the fold and
+        the token loop so that both compute the same bits."""
         bias = Float32(0.0)
         if a.has_dt_bias != 0:  # read per token (an L1 hit): held across the loop, ptxas spills it on sm_100
             bias = dt_bias[h]
@@ -257,12 +276,28 @@ class Verify:
             dtx = delta * x_raw[r].to(Float32)
             for j in cutlass.range_constexpr(self.cols_per_lane):
                 st[r, j] = cute.math.fma(st[r, j], decay, dtx * B_raw[j].to(Float32))
+                if cutlass.const_expr(self.pool_dtype != "fp32"):
+                    st[r, j] = st[r, j].to(pool_type).to(Float32)
+
+    def _lane_columns(self, state, slot, h, row, lane):
+        """The V contiguous state columns a lane owns in one row: one 16-byte access for an fp32 pool."""
+        return cute.zipped_divide(state[slot, h, row, None], (self.cols_per_lane,))[None, lane]
+
+    @cute.jit
+    def _load_state(self, state, slot, h, row0, lane, st, pool_type):
+        values = cute.make_rmem_tensor((self.cols_per_lane,), pool_type)
+        for r in cutlass.range_constexpr(self.rows_per_warp):
+            cute.autovec_copy(self._lane_columns(state, slot, h, row0 + r, lane), values)
+            for j in cutlass.range_constexpr(self.cols_per_lane):
+                st[r, j] = values[j].to(Float32)
 
     @cute.jit
     def _store_state(self, state, slot, h, row0, lane, st, pool_type):
+        values = cute.make_rmem_tensor((self.cols_per_lane,), pool_type)
         for r in cutlass.range_constexpr(self.rows_per_warp):
             for j in cutlass.range_constexpr(self.cols_per_lane):
-                state[slot, h, row0 + r, j * WARP + lane] = st[r, j].to(pool_type)
+                values[j] = st[r, j].to(pool_type)
+            cute.autovec_copy(values, self._lane_columns(state, slot, h, row0 + r, lane))
 
     @cute.jit
     def _count(self, a, h, tid):

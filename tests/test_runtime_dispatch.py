@@ -52,7 +52,7 @@ def test_plan_contract():
     args = {k: as_device_array(v, k) if k in plan.arrays else v for k, v in cumsum_args().items()}
     call = plan.bind(**args)
     assert set(call.params) == set(plan.param_names)
-    assert call.grid == (5, 2, 4) and call.constants == {"chunk_size": 64, "dt_dtype": "fp32"}
+    assert call.grid == (5, 2, 1) and call.constants == {"chunk_size": 64, "dt_dtype": "fp32"}
     assert runtime.workspace_size("ssd_chunk_cumsum") == 0
 
 
@@ -167,7 +167,7 @@ def test_launch_packs_params_and_config(fake_runtime):
     args = cumsum_args(B=2, L=300, H=4, Q=64)
     runtime.launch("ssd_chunk_cumsum", dt_softplus=True, dt_limit=(0.001, 10.0), stream=0x5000, **args)
     (record,) = fake_runtime.launches
-    assert record["grid"] == (5, 2, 4) and record["block"] == (256, 1, 1) and record["smem"] == 32
+    assert record["grid"] == (5, 2, 1) and record["block"] == (256, 1, 1) and record["smem"] == 32
     assert record["stream"] == 0x5000 and record["attrs"] == [] and record["context"] == 0x1000
     values = unpack_params(record, LAYOUT)
     assert values["dt"] == 0x10000000 and values["dt_bias"] == 0x10400000 and values["dA_cumsum"] == 0x10300000

@@ -131,7 +131,7 @@ class FakeDLPack:
 
 # -- cubins and manifests --------------------------------------------------------------------------------
 def variant_entry(family, constants, image, *, params, block=(256, 1, 1), cluster=(1, 1, 1), dynamic_smem=32,
-                  grid="chunks,batch,heads"):
+                  grid="chunks,batch,heads/4"):
     stem = ".".join([family] + [f"{k}-{constants[k]}" for k in sorted(constants)])
     return {
         "family": family, "key": f"{family}[" + ",".join(f"{k}={constants[k]}" for k in sorted(constants)) + "]",
@@ -234,8 +234,8 @@ class FakeDriver:
             raise self.get_kernel_error
         return 0xBBBB
 
-    def kernel_param_info(self, kernel):
-        return self.param_table
+    def kernel_param_info(self, kernel, count):
+        return None if self.param_table is None else self.param_table[:count]
 
     def kernel_attribute(self, attribute, kernel, device):
         return 1024

@@ -255,10 +255,10 @@ def _library(drv, variant: manifest.Variant) -> int:
 
 
 def _check_param_table(drv, kernel: int, variant: manifest.Variant) -> None:
-    table = drv.kernel_param_info(kernel)
-    if table is None:  # driver older than CUDA 12.4: the build already checked the cubin's table
-        return
     expected = [(p.offset, p.size) for p in variant.params]
+    table = drv.kernel_param_info(kernel, len(expected))
+    if table is None:  # driver older than CUDA 12.4: the build already checked the cubin's whole table
+        return
     if table != expected:
         raise ManifestError(f"{variant.key}: the cubin's parameter table {table} disagrees with the manifest's "
                             f"{expected}; reinstall {variant.manifest.package}")

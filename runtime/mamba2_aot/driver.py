@@ -268,18 +268,20 @@ class CudaDriver:
         self._check(self._cuKernelSetAttribute(attribute, value, kernel, self._device(ordinal)),
                     "cuKernelSetAttribute")
 
-    def kernel_param_info(self, kernel: int) -> list[tuple[int, int]] | None:
-        """``[(offset, size)]`` of every kernel parameter, or ``None`` if the driver predates CUDA 12.4."""
+    def kernel_param_info(self, kernel: int, count: int) -> list[tuple[int, int]] | None:
+        """``[(offset, size)]`` of the first ``count`` kernel parameters, or ``None`` if the driver predates
+        CUDA 12.4. (Probing past the last parameter would be an API error that sanitizers report.)"""
         if self._cuKernelGetParamInfo is None:
             return None
         table = []
         offset, size = c_size_t(), c_size_t()
-        while True:
-            code = self._cuKernelGetParamInfo(kernel, len(table), byref(offset), byref(size))
-            if code == CUDA_ERROR_INVALID_VALUE:  # past the last parameter
-                return table
+        for index in range(count):
+            code = self._cuKernelGetParamInfo(kernel, index, byref(offset), byref(size))
+            if code == CUDA_ERROR_INVALID_VALUE:  # the kernel has fewer parameters
+                break
             self._check(code, "cuKernelGetParamInfo")
             table.append((offset.value, size.value))
+        return table
 
     # -- streams, pointers, launch ------------------------------------------------------------------
     def stream_context(self, stream: int) -> int:

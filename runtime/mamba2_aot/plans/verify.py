@@ -13,7 +13,9 @@ argument            shape                           dtype               notes
 ==================  ==============================  ==================  ===========================================
 state               (num_slots, H, P, N)            fp32 / bf16 / fp16  the pool; read and written in place. Each
                                                                         (slot, head) block is a contiguous P × N
-                                                                        matrix; slot and head strides are free
+                                                                        matrix, 16-byte aligned (or d_state / 32
+                                                                        elements); slot and head strides are free
+                                                                        multiples of d_state / 32
 x, z, out           (batch, T, H, P)                bf16 / fp16 / fp32  ``io`` dtype; last dim contiguous
 dt                  (batch, T, H)                   io dtype            raw dt (before dt_bias and softplus)
 A                   (H,)                            fp32
@@ -45,7 +47,7 @@ from __future__ import annotations
 
 import math
 
-from ..errors import InvalidArgumentError, ShapeError, StrideError
+from ..errors import AlignmentError, InvalidArgumentError, ShapeError, StrideError
 from ..validation import GRID_YZ_MAX, BoundCall, expect_dim, expect_dt_limit, expect_dtype, expect_rank, expect_shape
 from .base import LaunchPlan
 
@@ -114,6 +116,14 @@ class VerifyPlan(LaunchPlan):
         if state.strides[2:] != (d_state, 1):
             raise StrideError("state", f"state: each (slot, head) block must be a contiguous headdim × d_state "
                               f"matrix (strides (..., {d_state}, 1)), got strides {state.strides}")
+        # each lane reads d_state / 32 contiguous columns as one vector (the kernel's state_align)
+        lane_columns = d_state // 32
+        if any(s % lane_columns for s in state.strides[:2]):
+            raise StrideError("state", f"state: slot and head strides {state.strides[:2]} must be multiples of "
+                              f"d_state / 32 = {lane_columns} elements")
+        if state.ptr % min(16, lane_columns * state.itemsize):
+            raise AlignmentError("state", f"state: data pointer {state.ptr:#x} must be "
+                                 f"{min(16, lane_columns * state.itemsize)}-byte aligned")
 
         expect_dtype(dt, io)
         expect_shape(dt, (batch, seqlen, nheads), "(batch, T, nheads) of x")

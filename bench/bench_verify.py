@@ -1,0 +1,203 @@
+"""Benchmark the verify family against Triton's selective_state_update, side by side in one process.
+
+    PYTHONPATH=runtime:third_party_baseline python bench/bench_verify.py [--json results.json]
+
+Shape: H128 P64 N128 G8 (Nemotron-H-like decode), bf16 activations, fp32 state pool, batch 1/8/64/256,
+T = 1/4/8. Times are CUDA-graph replays (median over replays of a graph holding several launches, each
+launch on its own pool slots so nothing stays in L2); the roofline is the minimum bytes each call must
+move divided by the device-to-device copy bandwidth measured in the same run. Triton at T > 1 is a loop of
+T single-token calls (it has no multi-token verify).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+
+import torch
+
+H, P, N, G = 128, 64, 128, 8
+BATCHES = (1, 8, 64, 256)
+TS = (1, 4, 8)
+L2_FLUSH_BYTES = 240e6  # distinct pools per graph until one replay touches 4x the H200's 60 MB L2
+REPLAYS = 20
+
+
+def graph_time_us(fn, launches_per_graph: int) -> float:
+    """Median device time of one ``fn`` call, from replays of a CUDA graph of ``launches_per_graph`` calls."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn(0)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for i in range(launches_per_graph):
+            fn(i)
+    times = []
+    for _ in range(REPLAYS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / launches_per_graph)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def copy_bandwidth() -> float:
+    """Bytes/s of a large copy done by SM threads (read + write counted): the roofline's bandwidth.
+
+    (An elementwise kernel, not copy_: a same-dtype device-to-device copy_ may go to the copy engines,
+    which measured 2.8 TB/s on the H200, below what SM kernels reach.)"""
+    a = torch.empty(512 * 1024**2, dtype=torch.float32, device="cuda")
+    b = torch.empty_like(a)
+    t = graph_time_us(lambda i: torch.mul(a, 1.0, out=b), 4)
+    return 2 * a.numel() * a.element_size() / (t * 1e-6)
+
+
+def inputs(batch, T, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g, device="cuda")  # noqa: E731
+    return {
+        "x": r(batch, T, H, P).bfloat16(), "dt": (0.5 * r(batch, T, H)).bfloat16(),
+        "A": -torch.exp(torch.rand(H, generator=g, device="cuda") * 2.77), "B": r(batch, T, G, N).bfloat16(),
+        "C": r(batch, T, G, N).bfloat16(), "D": r(H), "z": r(batch, T, H, P).bfloat16(),
+        "dt_bias": torch.full((H,), -3.0, device="cuda"),
+    }
+
+
+def state_bytes(batch):
+    return batch * H * P * N * 4
+
+
+def rotation(batch):
+    """How many pools a graph cycles through so that no launch finds its state in L2."""
+    return min(64, max(2, math.ceil(L2_FLUSH_BYTES / state_bytes(batch))))
+
+
+def io_bytes(batch, T):
+    return batch * T * (3 * H * P * 2 + 2 * G * N * 2 + H * 2)  # x, z, out; B, C; dt
+
+
+def bench_ours(batch, T, bw):
+    from mamba2_aot import runtime
+    kw = inputs(batch, T)
+    rotate = rotation(batch)
+    pools = [torch.randn(batch * (T + 1), H, P, N, device="cuda") for _ in range(rotate)]
+    out = torch.empty(batch, T, H, P, dtype=torch.bfloat16, device="cuda")
+    src = torch.arange(batch, dtype=torch.int32, device="cuda")
+    snaps = (batch + torch.arange(batch * T, dtype=torch.int32, device="cuda")).view(batch, T)
+    cap = max(TS)
+    slots = pools[0].shape[0]
+    windows = [{"window_count": torch.full((slots, H), T, dtype=torch.int32, device="cuda"),
+                "window_x": torch.randn(slots, cap, H, P, device="cuda").bfloat16(),
+                "window_B": torch.randn(slots, cap, H, N, device="cuda").bfloat16(),
+                "window_dt": torch.full((slots, cap, H), -3.0, device="cuda").bfloat16()} for _ in range(rotate)]
+    accept = torch.full((batch,), T, dtype=torch.int32, device="cuda")
+    none_accepted = torch.zeros(batch, dtype=torch.int32, device="cuda")
+    common = dict(out=out, state_indices=src, dt_softplus=True, **kw)
+    runtime.preload(["verify"])
+    rows = {}
+    rows["update"] = graph_time_us(lambda i: runtime.launch("verify", mode="update", state=pools[i], **common), rotate)
+    rows["snapshot"] = graph_time_us(lambda i: runtime.launch(
+        "verify", mode="snapshot", state=pools[i], snapshot_indices=snaps, **common), rotate)
+
+    def compact(i, accepted):
+        # restore the pending count the previous replay consumed, as a real decode loop's last call did
+        windows[i]["window_count"].fill_(T)
+        runtime.launch("verify", mode="compact", state=pools[i], num_accepted=accepted, **windows[i], **common)
+    fill = graph_time_us(lambda i: windows[i]["window_count"].fill_(T), rotate)
+    rows["compact"] = graph_time_us(lambda i: compact(i, accept), rotate) - fill
+    rows["compact_no_fold"] = graph_time_us(lambda i: compact(i, none_accepted), rotate) - fill
+    floors = {"update": 2 * state_bytes(batch), "snapshot": (1 + T) * state_bytes(batch),
+              "compact": 2 * state_bytes(batch), "compact_no_fold": state_bytes(batch)}
+    return {mode: {"us": t, "floor_us": (floors[mode] + io_bytes(batch, T)) / bw * 1e6}
+            for mode, t in rows.items()}
+
+
+def bench_triton(batch, T):
+    from mamba_ssm.ops.triton.selective_state_update import selective_state_update
+    kw = inputs(batch, T)
+    rotate = rotation(batch)
+    pools = [torch.randn(batch, H, P, N, device="cuda") for _ in range(rotate)]
+    A = kw["A"][:, None, None].expand(H, P, N)
+    dt_bias = kw["dt_bias"][:, None].expand(H, P)
+    D = kw["D"][:, None].expand(H, P)
+    idx = torch.arange(batch, dtype=torch.int32, device="cuda")
+
+    def run(i):
+        for t in range(T):
+            selective_state_update(pools[i], kw["x"][:, t], kw["dt"][:, t, :, None].expand(batch, H, P), A,
+                                   kw["B"][:, t], kw["C"][:, t], D=D, z=kw["z"][:, t], dt_bias=dt_bias,
+                                   dt_softplus=True, state_batch_indices=idx)
+    return graph_time_us(run, rotate)
+
+
+def provenance():
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return None
+    props = torch.cuda.get_device_properties(0)
+    info = {"gpu": props.name, "sm_count": props.multi_processor_count, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "python": platform.python_version(), "git_revision": git("rev-parse", "HEAD"),
+            "git_dirty": bool(git("status", "--porcelain")), "command": " ".join([os.path.basename(sys.argv[0])]
+                                                                                  + sys.argv[1:])}
+    try:
+        import triton
+        info["triton"] = triton.__version__
+    except ImportError:
+        pass
+    try:
+        info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                        capture_output=True, text=True).stdout.strip()
+    except OSError:
+        pass
+    import mamba2_aot
+    info["mamba2_aot"] = mamba2_aot.__version__
+    return info
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json")
+    parser.add_argument("--batches", type=int, nargs="+", default=BATCHES)
+    parser.add_argument("--ts", type=int, nargs="+", default=TS)
+    parser.add_argument("--no-baseline", action="store_true", help="skip Triton's selective_state_update")
+    args = parser.parse_args()
+    bw = copy_bandwidth()
+    results = {"provenance": provenance(), "copy_bandwidth_GBps": bw / 1e9, "shape": dict(H=H, P=P, N=N, G=G),
+               "rows": []}
+    print(f"copy bandwidth {bw / 1e9:.0f} GB/s")
+    print(f"{'batch':>5} {'T':>2} {'triton':>8} {'update':>8} {'(roof%)':>7} {'snapshot':>8} {'(roof%)':>7} "
+          f"{'compact':>8} {'nofold':>8} {'upd/tri':>7} {'snap/cmp':>8}")
+    for batch in args.batches:
+        for T in args.ts:
+            ours = bench_ours(batch, T, bw)
+            triton_us = float("nan")
+            if not args.no_baseline:
+                try:
+                    triton_us = bench_triton(batch, T)
+                except ImportError:
+                    pass
+            row = {"batch": batch, "T": T, "triton_us": triton_us, **{f"{k}": v for k, v in ours.items()}}
+            results["rows"].append(row)
+            u, s, c = ours["update"], ours["snapshot"], ours["compact"]
+            print(f"{batch:>5} {T:>2} {triton_us:8.1f} {u['us']:8.1f} {100 * u['floor_us'] / u['us']:6.0f}% "
+                  f"{s['us']:8.1f} {100 * s['floor_us'] / s['us']:6.0f}% {c['us']:8.1f} "
+                  f"{ours['compact_no_fold']['us']:8.1f} {triton_us / u['us']:7.2f} {s['us'] / c['us']:8.2f}",
+                  flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

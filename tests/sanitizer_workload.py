@@ -1,0 +1,42 @@
+"""A small launch of every built family and mode, for ``compute-sanitizer`` (memcheck, racecheck).
+
+    compute-sanitizer --tool memcheck python tests/sanitizer_workload.py
+"""
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parent.parent / "runtime")]
+import conftest  # noqa: E402,F401  (the runtime and cubins of the source tree, as the tests use them)
+from mamba2_aot import runtime  # noqa: E402
+
+dev = "cuda"
+batch, T, H, P, N, G, slots, cap = 3, 4, 8, 64, 128, 2, 16, 8
+x = torch.randn(batch, T, H, P, device=dev).bfloat16()
+common = dict(x=x, dt=torch.randn(batch, T, H, device=dev).bfloat16(), A=-torch.rand(H, device=dev),
+              B=torch.randn(batch, T, G, N, device=dev).bfloat16(), C=torch.randn(batch, T, G, N, device=dev).bfloat16(),
+              D=torch.randn(H, P, device=dev), z=torch.randn_like(x), dt_bias=torch.randn(H, device=dev),
+              dt_softplus=True, state_indices=torch.tensor([2, -1, 16], dtype=torch.int32, device=dev),
+              rejected=torch.zeros(1, dtype=torch.int32, device=dev))
+for pool_dtype in (torch.float32, torch.bfloat16):
+    pool = torch.randn(slots, H, P, N, device=dev).to(pool_dtype)
+    runtime.launch("verify", mode="update", state=pool, out=torch.empty_like(x), **common)
+    runtime.launch("verify", mode="snapshot", state=pool, out=torch.empty_like(x),
+                   snapshot_indices=torch.tensor([[3, 4, -1, 99], [5, 6, 7, 8], [9, 10, 11, 12]], dtype=torch.int32,
+                                                 device=dev), **common)
+    window = dict(window_count=torch.zeros(slots, H, dtype=torch.int32, device=dev),
+                  window_x=torch.zeros(slots, cap, H, P, device=dev).bfloat16(),
+                  window_B=torch.zeros(slots, cap, H, N, device=dev).bfloat16(),
+                  window_dt=torch.zeros(slots, cap, H, device=dev).bfloat16())
+    for accepted in (0, 3, 9):
+        runtime.launch("verify", mode="compact", state=pool, out=torch.empty_like(x), **window,
+                       num_accepted=torch.full((batch,), accepted, dtype=torch.int32, device=dev), **common)
+
+dt = torch.randn(2, 300, H, device=dev)
+for Q in (64, 256):
+    nchunks = -(-300 // Q)
+    runtime.launch("ssd_chunk_cumsum", dt=dt, A=-torch.rand(H, device=dev), chunk_size=Q, dt_softplus=True,
+                   dt_out=torch.empty(2, H, nchunks, Q, device=dev), dA_cumsum=torch.empty(2, H, nchunks, Q, device=dev))
+torch.cuda.synchronize()
+print("sanitizer workload done")

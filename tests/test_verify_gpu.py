@@ -1,0 +1,169 @@
+"""verify on the GPU: update / snapshot / compact replay against the fp64 oracle and against each other.
+
+Needs a CUDA device and the verify cubins (``scons`` output or installed wheels); see tests/conftest.py.
+"""
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+
+import reference  # noqa: E402
+from reference import generators  # noqa: E402
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def _runtime():
+    from mamba2_aot import runtime
+    return runtime
+
+
+def _tolerances(io_dtype, pool_dtype):
+    """(out, states) tolerances from docs/TOLERANCES.md: the state math is fp32, so an fp32 pool's states
+    are held to the fp32 bound and outputs to the I/O dtype's; a bf16 / fp16 pool has its own row."""
+    if pool_dtype == "fp32":
+        return reference.TOLERANCES[io_dtype]["out"], reference.TOLERANCES["fp32"]["states"]
+    row = reference.TOLERANCES[f"pool_{pool_dtype}"]
+    return row["out"], row["states"]
+
+
+class Case:
+    """One verify problem: inputs on the GPU, a pool with random states, and the oracle's view of them."""
+
+    def __init__(self, *, batch=4, T=1, H=16, P=64, N=128, G=4, io="bf16", pool="fp32", num_slots=12, seed=0,
+                 D="H", z=True, dt_bias=True, dt_limit=(0.0, math.inf)):
+        dtype = TORCH_DTYPES[io]
+        inputs = generators.standard_inputs(batch, T, H, P, N, G, dtype, seed, D=D, z=z)
+        # a layer's parameters stay fixed from call to call; only the activations change with the seed
+        params = generators.standard_inputs(1, 1, H, P, N, G, dtype, 0, D=D)
+        inputs.update({k: params[k] for k in ("A", "D", "dt_bias") if k in params})
+        if not dt_bias:
+            del inputs["dt_bias"]
+        self.kwargs = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        self.kwargs["dt_limit"] = dt_limit
+        gen = torch.Generator().manual_seed(seed + 7)
+        self.pool = torch.randn(num_slots, H, P, N, generator=gen).to(TORCH_DTYPES[pool]).cuda()
+        self.io, self.pool_dtype = io, pool
+        self.shape = (batch, T, H, P)
+
+    def out(self):
+        return torch.full(self.shape, float("nan"), dtype=TORCH_DTYPES[self.io], device="cuda")
+
+    def oracle_args(self):
+        return {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in self.kwargs.items()}
+
+
+def _launch(mode, case, pool, out, state_indices, **extra):
+    _runtime().launch("verify", mode=mode, state=pool, out=out, state_indices=state_indices,
+                      **case.kwargs, **extra)
+
+
+@pytest.mark.parametrize("io,pool", [("bf16", "fp32"), ("bf16", "bf16")])
+@pytest.mark.parametrize("T", [1, 4])
+def test_update_matches_oracle(io, pool, T):
+    case = Case(T=T, io=io, pool=pool, D="HP", dt_limit=(1e-3, 0.2))
+    idx = torch.tensor([3, -1, 11, 12], dtype=torch.int32, device="cuda")  # valid, padding, last, out of range
+    rejected = torch.zeros(1, dtype=torch.int32, device="cuda")
+    before = {k: v.clone() for k, v in case.kwargs.items() if isinstance(v, torch.Tensor)}
+    pool_gpu, out = case.pool.clone(), case.out()
+    _launch("update", case, pool_gpu, out, idx, rejected=rejected)
+    torch.cuda.synchronize()
+
+    ref = reference.verify_update(case.pool.cpu(), idx.cpu(), pool_dtype=TORCH_DTYPES[pool], **case.oracle_args())
+    tol_out, tol_states = _tolerances(io, pool)
+    reference.assert_close_scaled(out.cpu(), ref.out, tol_out, "out")
+    assert torch.all(out[1] == 0) and torch.all(out[3] == 0), "padding and out-of-range rows output zero"
+    touched = [3, 11]
+    reference.assert_close_scaled(pool_gpu[touched].cpu(), ref.pool[touched], tol_states, "written states")
+    untouched = [s for s in range(case.pool.shape[0]) if s not in touched]
+    assert torch.equal(pool_gpu[untouched], case.pool[untouched]), "slots not named must keep their bytes"
+    assert rejected.item() == 1, "one out-of-range slot"
+    for k, v in before.items():
+        assert torch.equal(case.kwargs[k], v), f"input {k} was written"
+
+
+def test_snapshot_matches_oracle():
+    case = Case(T=4, pool="fp32", num_slots=24, D=None)
+    idx = torch.tensor([0, 1, -1, 2], dtype=torch.int32, device="cuda")
+    snaps = torch.tensor([[4, 5, -1, 6], [7, 8, 9, 24], [10, 11, 12, 13], [14, -1, 15, 16]],
+                         dtype=torch.int32, device="cuda")
+    rejected = torch.zeros(1, dtype=torch.int32, device="cuda")
+    pool_gpu, out = case.pool.clone(), case.out()
+    _launch("snapshot", case, pool_gpu, out, idx, snapshot_indices=snaps, rejected=rejected)
+    ref = reference.verify_snapshot(case.pool.cpu(), idx.cpu(), snapshot_indices=snaps.cpu(),
+                                    pool_dtype=torch.float32, **case.oracle_args())
+    tol_out, tol_states = _tolerances("bf16", "fp32")
+    reference.assert_close_scaled(out.cpu(), ref.out, tol_out, "out")
+    written = [4, 5, 6, 7, 8, 9, 14, 15, 16]
+    reference.assert_close_scaled(pool_gpu[written].cpu(), ref.pool[written], tol_states, "snapshots")
+    unwritten = [s for s in range(24) if s not in written]
+    assert torch.equal(pool_gpu[unwritten], case.pool[unwritten]), "source and padding rows' slots untouched"
+    assert rejected.item() == 1
+
+
+@pytest.mark.parametrize("pool", ["fp32", "bf16"])
+def test_single_token_updates_equal_one_multi_token_update_bitwise(pool):
+    T = 6
+    case = Case(T=T, pool=pool)
+    idx = torch.tensor([0, 5, 2, 9], dtype=torch.int32, device="cuda")
+    pool_multi, out_multi = case.pool.clone(), case.out()
+    _launch("update", case, pool_multi, out_multi, idx)
+    pool_single, out_single = case.pool.clone(), case.out()
+    for t in range(T):
+        step = {k: (v[:, t:t + 1] if isinstance(v, torch.Tensor) and v.dim() >= 3 else v)
+                for k, v in case.kwargs.items()}
+        _runtime().launch("verify", mode="update", state=pool_single, out=out_single[:, t:t + 1],
+                          state_indices=idx, **step)
+    torch.cuda.synchronize()
+    assert torch.equal(out_multi, out_single)
+    assert torch.equal(pool_multi, pool_single)
+
+
+def _window(num_slots, capacity, H, P, N, io):
+    dtype = TORCH_DTYPES[io]
+    return {"window_count": torch.zeros(num_slots, H, dtype=torch.int32, device="cuda"),
+            "window_x": torch.zeros(num_slots, capacity, H, P, dtype=dtype, device="cuda"),
+            "window_B": torch.zeros(num_slots, capacity, H, N, dtype=dtype, device="cuda"),
+            "window_dt": torch.zeros(num_slots, capacity, H, dtype=dtype, device="cuda")}
+
+
+@pytest.mark.parametrize("pool", ["fp32", "bf16"])
+def test_compact_replay_equals_snapshot_bitwise(pool):
+    """Scripted speculative decoding: per call T draft rows, then the caller accepts some of them."""
+    batch, T, H, P, N, G, capacity = 2, 5, 16, 64, 128, 4, 8
+    accepted_script = [3, 0, 2, 0, 0, 1, 5]
+    num_slots = 2 + batch * T
+    base = Case(batch=batch, T=T, H=H, P=P, N=N, G=G, pool=pool, num_slots=num_slots)
+    src = torch.tensor([0, 1], dtype=torch.int32, device="cuda")
+    # snapshot mode: the committed state lives in slots 0, 1; token snapshots go to slots 2..
+    snap_pool = base.pool.clone()
+    # compact mode: the state stays in slots 0, 1; pending rows live in the window record
+    compact_pool = base.pool.clone()
+    window = _window(num_slots, capacity, H, P, N, "bf16")
+    for call, accepted in enumerate(accepted_script + [None]):
+        case = Case(batch=batch, T=T, H=H, P=P, N=N, G=G, pool=pool, num_slots=num_slots, seed=100 + call)
+        final = accepted is None
+        if not final:
+            snaps = torch.tensor([[2 + b * T + t for t in range(T)] for b in range(batch)], dtype=torch.int32,
+                                 device="cuda")
+            out_snap = case.out()
+            _launch("snapshot", case, snap_pool, out_snap, src, snapshot_indices=snaps)
+        num_accepted = torch.full((batch,), 0 if call == 0 else accepted_script[call - 1], dtype=torch.int32,
+                                  device="cuda")
+        if final:  # a T = 0 call only folds: the committed state becomes visible in the pool
+            empty = {k: (v[:, :0] if isinstance(v, torch.Tensor) and v.dim() >= 3 else v)
+                     for k, v in case.kwargs.items()}
+            _runtime().launch("verify", mode="compact", state=compact_pool, out=case.out()[:, :0],
+                              state_indices=src, num_accepted=num_accepted, **window, **empty)
+            break
+        out_compact = case.out()
+        _launch("compact", case, compact_pool, out_compact, src, num_accepted=num_accepted, **window)
+        torch.cuda.synchronize()
+        assert torch.equal(out_snap, out_compact), f"call {call}: outputs differ"
+        # commit in snapshot mode: the next source is the snapshot of the last accepted token
+        if accepted > 0:  # copied into the source slots, so the next call's snapshots cannot clobber it
+            snap_pool[src.long()] = snap_pool[snaps[:, accepted - 1].long()]
+    torch.cuda.synchronize()
+    assert torch.equal(compact_pool[:2], snap_pool[:2]), "committed states differ"
