@@ -36,6 +36,13 @@ class BoundCall(NamedTuple):
     outputs: tuple[DeviceArray, ...]
 
 
+def expect_given(**arrays) -> None:
+    """Required array arguments must not be ``None``."""
+    for name, value in arrays.items():
+        if value is None:
+            raise ArrayProtocolError(name, f"{name}: required, got None (expected a CUDA array)")
+
+
 def expect_dtype(a: DeviceArray, allowed: tuple[str, ...]) -> None:
     if a.dtype not in allowed:
         raise DTypeError(a.name, f"{a.name}: expected dtype {' or '.join(allowed)}, got {a.dtype}")

@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 
 from ..errors import InvalidArgumentError, ShapeError
-from ..validation import (expect_dt_limit, GRID_YZ_MAX, BoundCall, expect_dim, expect_dtype, expect_float32, expect_int, expect_rank,
-                          expect_shape)
+from ..validation import (GRID_YZ_MAX, BoundCall, expect_dim, expect_dt_limit, expect_dtype, expect_given, expect_int,
+                          expect_rank, expect_shape)
 from .base import LaunchPlan
 
 DT_DTYPES = ("bf16", "fp16", "fp32")
@@ -54,6 +54,7 @@ class ChunkCumsumPlan(LaunchPlan):
         if not isinstance(dt_softplus, (bool, int)) or dt_softplus not in (0, 1):
             raise InvalidArgumentError("dt_softplus", f"dt_softplus: expected a bool, got {dt_softplus!r}")
         dt_min, dt_max = expect_dt_limit(dt_limit)
+        expect_given(dt=dt, A=A, dt_out=dt_out, dA_cumsum=dA_cumsum)
 
         expect_dtype(dt, DT_DTYPES)
         expect_rank(dt, 3, "(batch, seqlen, nheads)")

@@ -48,7 +48,8 @@ from __future__ import annotations
 import math
 
 from ..errors import AlignmentError, InvalidArgumentError, ShapeError, StrideError
-from ..validation import GRID_YZ_MAX, BoundCall, expect_dim, expect_dt_limit, expect_dtype, expect_rank, expect_shape
+from ..validation import (GRID_YZ_MAX, BoundCall, expect_dim, expect_dt_limit, expect_dtype, expect_given, expect_rank,
+                          expect_shape)
 from .base import LaunchPlan
 
 MODES = ("update", "snapshot", "compact")
@@ -97,6 +98,7 @@ class VerifyPlan(LaunchPlan):
         if dt_softplus not in (False, True, 0, 1):
             raise InvalidArgumentError("dt_softplus", f"dt_softplus: expected a bool, got {dt_softplus!r}")
         dt_min, dt_max = expect_dt_limit(dt_limit)
+        expect_given(state=state, x=x, dt=dt, A=A, B=B, C=C, out=out, state_indices=state_indices)
         _expect_mode_args(mode, snapshot_indices=snapshot_indices, num_accepted=num_accepted, window_count=window_count,
                           window_x=window_x, window_B=window_B, window_dt=window_dt)
 

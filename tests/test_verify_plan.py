@@ -1,0 +1,88 @@
+"""The verify launch plan on the CPU: a valid call binds every kernel parameter; each bad input is refused
+with a typed error naming the argument, before the driver is touched."""
+import pytest
+
+from mamba2_aot import errors, runtime
+from mamba2_aot.plans import PLANS
+from mamba2_aot.tensors import as_device_array
+from test_runtime_support import fake_array, no_driver  # noqa: F401  (fixture)
+
+MB = 1 << 20
+
+BATCH, T, H, P, N, G, SLOTS, CAP = 3, 4, 8, 64, 128, 2, 16, 8
+
+
+def verify_args(mode="update", **over):
+    """Valid fake arguments (fp16 activations, fp32 pool), each array in its own megabyte."""
+    base = iter(range(0x10000000, 0x40000000, MB))
+    arr = lambda shape, dtype="fp16", strides=None: fake_array(next(base), shape, dtype, strides)  # noqa: E731
+    args = dict(mode=mode, state=arr((SLOTS, H, P, N), "fp32"), x=arr((BATCH, T, H, P)), dt=arr((BATCH, T, H)),
+                A=arr((H,), "fp32"), B=arr((BATCH, T, G, N)), C=arr((BATCH, T, G, N)), out=arr((BATCH, T, H, P)),
+                state_indices=arr((BATCH,), "int32"), D=arr((H, P), "fp32"), z=arr((BATCH, T, H, P)),
+                dt_bias=arr((H,), "fp32"), rejected=arr((1,), "int32"))
+    if mode == "snapshot":
+        args["snapshot_indices"] = arr((BATCH, T), "int32")
+    if mode == "compact":
+        args.update(num_accepted=arr((BATCH,), "int32"), window_count=arr((SLOTS, H), "int32"),
+                    window_x=arr((SLOTS, CAP, H, P)), window_B=arr((SLOTS, CAP, H, N)), window_dt=arr((SLOTS, CAP, H)))
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("mode", ["update", "snapshot", "compact"])
+def test_valid_call_binds_every_parameter(mode):
+    plan = PLANS["verify"]
+    args = {k: as_device_array(v, k) if k in plan.arrays else v for k, v in verify_args(mode).items()}
+    call = plan.bind(**args)
+    assert set(call.params) == set(plan.param_names)
+    assert call.grid == (H, BATCH, 1)
+    assert call.constants == {"mode": mode, "headdim": P, "d_state": N, "io_dtype": "fp16", "pool_dtype": "fp32"}
+    assert call.params["heads_per_group"] == H // G and call.params["window_capacity"] == (CAP if mode == "compact"
+                                                                                            else 0)
+    assert call.params["stride_D_dim"] == 1 and call.params["has_z"] == 1
+
+
+def test_D_per_head_broadcasts_over_headdim():
+    plan = PLANS["verify"]
+    args = verify_args(D=fake_array(0x70000000, (H,), "fp32"))
+    call = plan.bind(**{k: as_device_array(v, k) if k in plan.arrays else v for k, v in args.items()})
+    assert call.params["stride_D_dim"] == 0 and call.params["stride_D_head"] == 1
+
+
+BAD = [
+    ({"mode": "decode"}, errors.InvalidArgumentError, "mode", "expected one of"),
+    ({"x": fake_array(0x70000000, (BATCH, T, H, P), "fp32")}, errors.DTypeError, "dt", "expected dtype fp32"),
+    ({"state": fake_array(0x70000000, (SLOTS, H, P, N), "int32")}, errors.DTypeError, "state", "fp32 or bf16"),
+    ({"state": fake_array(0x70000000, (SLOTS, H, P, N), "fp32", strides=(H * P * N, P * N, 1, P))},
+     errors.StrideError, "state", "contiguous headdim"),
+    ({"state": fake_array(0x70000004, (SLOTS, H, P, N), "fp32")}, errors.AlignmentError, "state", "16-byte aligned"),
+    ({"state": fake_array(0x70000000, (SLOTS, H, P, N), "fp32", strides=(H * P * N + 2, P * N, N, 1))},
+     errors.StrideError, "state", "multiples of"),
+    ({"B": fake_array(0x70000000, (BATCH, T, 3, N))}, errors.ShapeError, "B", "must divide nheads"),
+    ({"x": fake_array(0x70000000, (BATCH, T, H, P), "fp16", strides=(T * H * P, H * P, P, 2))},
+     errors.StrideError, "x", "last dim must be contiguous"),
+    ({"A": fake_array(0x70000000, (H + 1,), "fp32")}, errors.ShapeError, "A", "(nheads,)"),
+    ({"state_indices": fake_array(0x70000000, (BATCH,), "int64")}, errors.DTypeError, "state_indices", "int32"),
+    ({"snapshot_indices": fake_array(0x70000000, (BATCH, T), "int32")}, errors.InvalidArgumentError,
+     "snapshot_indices", "not used in update mode"),
+    ({"dt_limit": (1.0, 0.5)}, errors.InvalidArgumentError, "dt_limit", "greater than"),
+    ({"out": None}, errors.ArrayProtocolError, "out", "required, got None"),
+]
+
+
+@pytest.mark.parametrize("change,error,argument,fragment", BAD)
+def test_refused_calls_name_the_argument_and_never_reach_the_driver(no_driver, change, error, argument, fragment):  # noqa: F811
+    with pytest.raises(error) as info:
+        runtime.launch("verify", stream=0, **verify_args(**change))
+    assert info.value.argument == argument
+    assert fragment in str(info.value)
+
+
+def test_compact_needs_its_window_and_fits_the_capacity(no_driver):  # noqa: F811
+    args = verify_args("compact")
+    del args["window_B"]
+    with pytest.raises(errors.InvalidArgumentError, match="window_B: required in compact mode"):
+        runtime.launch("verify", stream=0, **args)
+    big = verify_args("compact", x=fake_array(0x70000000, (BATCH, CAP + 1, H, P), "fp16"))
+    with pytest.raises(errors.ShapeError):
+        runtime.launch("verify", stream=0, **big)
