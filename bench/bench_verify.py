@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import os
 import platform
 import subprocess
@@ -139,6 +140,27 @@ def bench_triton(batch, T):
     return graph_time_us(run, rotate)
 
 
+def _baseline_worker(batch, T, queue):
+    try:
+        queue.put(bench_triton(batch, T))
+    except ImportError:
+        queue.put(float("nan"))
+
+
+def baseline_in_child(batch, T) -> float:
+    """Triton's time in a fresh process: a CUDA error there (it raised cudaErrorInvalidAddressSpace at
+    batch 256, T >= 4 under graph capture on the H200) must not poison this process's context."""
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_baseline_worker, args=(batch, T, queue))
+    child.start()
+    child.join()
+    if child.exitcode != 0 or queue.empty():
+        print(f"  (Triton baseline failed at batch {batch}, T {T}: exit code {child.exitcode})", flush=True)
+        return float("nan")
+    return queue.get()
+
+
 def provenance():
     def git(*args):
         try:
@@ -181,12 +203,7 @@ def main():
     for batch in args.batches:
         for T in args.ts:
             ours = bench_ours(batch, T, bw)
-            triton_us = float("nan")
-            if not args.no_baseline:
-                try:
-                    triton_us = bench_triton(batch, T)
-                except ImportError:
-                    pass
+            triton_us = float("nan") if args.no_baseline else baseline_in_child(batch, T)
             row = {"batch": batch, "T": T, "triton_us": triton_us, **{f"{k}": v for k, v in ours.items()}}
             results["rows"].append(row)
             u, s, c = ours["update"], ours["snapshot"], ours["compact"]

@@ -92,7 +92,7 @@ class LoadedKernel:
 _kernels: dict[tuple, LoadedKernel] = {}  # (family, constants_key, device) -> LoadedKernel
 _libraries: dict[str, tuple[int, bytes]] = {}  # cubin path -> (CUlibrary, image kept alive for the process)
 _load_lock = threading.RLock()
-_recent_calls: dict[tuple, BoundCall] = {}  # see _validated
+_recent_calls: dict[tuple, tuple] = {}  # see _validated
 _RECENT_CALLS_MAX = 1024
 
 
@@ -119,16 +119,16 @@ def launch(family: str, *, stream=None, **kwargs) -> None:
         obj = kwargs.get(name)
         if obj is not None:
             kwargs[name] = as_device_array(obj, name, dlpack_stream=dlpack_stream)
-    call = _validated(plan, kwargs)
+    call, variant_key, known_device = _validated(plan, kwargs)
     if 0 in call.grid:
         return  # an empty batch or no heads: nothing to compute
     drv = driver.get()
-    device = _device_of(drv, call, handle)
+    device = _device_of(drv, call, handle, known_device)
     # Bound before anything stream-related: on a thread with no context, the legacy stream (0) means
     # nothing until the device's primary context is current.
     restore = drv.bind_primary_context(device)
     try:
-        kernel = _kernels.get((family, manifest.constants_key(call.constants), device))
+        kernel = _kernels.get((family, variant_key, device))
         if kernel is None:
             kernel = load_kernel(drv, plan, call.constants, device, capture_stream=handle)
         _wait_for_producers(drv, call, handle)
@@ -138,42 +138,51 @@ def launch(family: str, *, stream=None, **kwargs) -> None:
             drv.set_current_context(restore)
 
 
-def _validated(plan: LaunchPlan, kwargs: dict) -> BoundCall:
+def _validated(plan: LaunchPlan, kwargs: dict) -> tuple[BoundCall, tuple, int | None]:
     """``plan.bind`` + ``check_call``, remembered for repeated identical calls.
 
-    Validation is a pure function of the adapted arguments (pointers, shapes, strides, dtypes, devices,
-    options), so a call identical to a recent one reuses its result: serving loops that launch on the
-    same buffers skip most of the host work. Unhashable arguments (e.g. a list) just skip the memo.
+    Returns the call, its variant's lookup key and the arrays' device when every array names it (torch,
+    DLPack; ``None`` when a ``__cuda_array_interface__`` array leaves it to the driver). Validation is a
+    pure function of the adapted arguments (pointers, shapes, strides, dtypes, devices, options), so a call
+    identical to a recent one reuses its result: serving loops that launch on the same buffers skip most
+    of the host work. Unhashable arguments (e.g. a list) just skip the memo.
     """
     key = (plan.family, *kwargs.items())
     try:
-        call = _recent_calls.get(key)
+        memo = _recent_calls.get(key)
     except TypeError:
-        key, call = None, None
-    if call is None:
+        key, memo = None, None
+    if memo is None:
         call = plan.bind(**kwargs)
         check_call(call)
+        devices = {a.device for a in call.inputs + call.outputs}
+        memo = (call, manifest.constants_key(call.constants), devices.pop() if len(devices) == 1 else None)
         if key is not None:
             if len(_recent_calls) >= _RECENT_CALLS_MAX:
                 _recent_calls.clear()
-            _recent_calls[key] = call
-    return call
+            _recent_calls[key] = memo
+    return memo
 
 
-def _device_of(drv, call: BoundCall, stream: int) -> int:
-    """The one CUDA device of every array and the stream; :class:`DeviceError` naming the odd one out."""
-    device, first = None, None
-    for a in call.inputs + call.outputs:
-        d = a.device
-        if d is None:  # __cuda_array_interface__: ask the driver who owns the pointer
-            if a.size == 0:
-                continue  # never dereferenced; its pointer may not even be valid
-            d = drv.pointer_device(a.ptr)
-        if device is None:
-            device, first = d, a.name
-        elif d != device:
-            raise DeviceError(a.name, f"{a.name} is on cuda:{d} but {first} is on cuda:{device}; every tensor and "
-                              "the stream must be on one device")
+def _device_of(drv, call: BoundCall, stream: int, known_device: int | None) -> int:
+    """The one CUDA device of every array and the stream; :class:`DeviceError` naming the odd one out.
+
+    ``known_device``: the arrays' common device when they all name one (then only the stream is checked).
+    """
+    device = known_device
+    if device is None:
+        first = None
+        for a in call.inputs + call.outputs:
+            d = a.device
+            if d is None:  # __cuda_array_interface__: ask the driver who owns the pointer
+                if a.size == 0:
+                    continue  # never dereferenced; its pointer may not even be valid
+                d = drv.pointer_device(a.ptr)
+            if device is None:
+                device, first = d, a.name
+            elif d != device:
+                raise DeviceError(a.name, f"{a.name} is on cuda:{d} but {first} is on cuda:{device}; every tensor "
+                                  "and the stream must be on one device")
     if stream not in driver.SPECIAL_STREAMS and drv.stream_context(stream) != drv.primary_context(device):
         raise DeviceError("stream", f"stream: {stream:#x} does not belong to cuda:{device} (the tensors' device) or "
                           "is not in its primary context")
