@@ -1,9 +1,9 @@
 """GPU tests of the runtime with the real cubins (marked ``gpu``; skipped without a CUDA device).
 
-Cubins come from the installed ``mamba2_aot_cubins_sm<NN>`` wheel or ``MAMBA2_AOT_CUBIN_DIR``; when
-neither is set up, the repository's ``build/stage`` (what ``scons`` leaves) is used.
+Runtime and cubins come from where tests/conftest.py says (the source tree and ``build/stage``, or the
+installed wheels with ``MAMBA2_AOT_TEST_INSTALLED=1``).
 
-    PYTHONPATH=runtime:tests python -m pytest tests/test_runtime_gpu.py -q
+    python -m pytest -m gpu tests/test_runtime_gpu.py -q
 """
 from __future__ import annotations
 
@@ -13,31 +13,16 @@ import subprocess
 import sys
 import textwrap
 import threading
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import mamba2_aot  # noqa: E402
-from mamba2_aot import (AliasingError, GraphCaptureError, InvalidArgumentError, ShapeError, driver,  # noqa: E402
+from mamba2_aot import (AliasingError, InvalidArgumentError, ShapeError, driver,  # noqa: E402
                         manifest, runtime)
 
 pytestmark = pytest.mark.gpu
-REPO = Path(__file__).resolve().parents[1]
-RUNTIME = REPO / "runtime"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cubins():
-    """Use build/stage when no cubin wheel is installed and MAMBA2_AOT_CUBIN_DIR is unset."""
-    saved = os.environ.get(manifest.ENV_CUBIN_DIR)
-    if saved is None and not manifest.discover({}).manifests and (REPO / "build" / "stage").is_dir():
-        os.environ[manifest.ENV_CUBIN_DIR] = str(REPO / "build" / "stage")
-    manifest.catalog(refresh=True)
-    yield
-    if saved is None:
-        os.environ.pop(manifest.ENV_CUBIN_DIR, None)
 
 
 def built_variants(device=0):
@@ -196,8 +181,13 @@ def test_cuda_graph_after_preload():
     check_case(case, softplus=True)
 
 
+# A child process imports the runtime (and the cubin wheels) from where this one does: the source tree, or
+# the installed wheels when MAMBA2_AOT_TEST_INSTALLED=1.
+_CHILD_PYTHONPATH = os.pathsep.join(p for p in sys.path if p)
+
+
 def _run_python(code: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=f"{RUNTIME}{os.pathsep}{REPO / 'tests'}")
+    env = dict(os.environ, PYTHONPATH=_CHILD_PYTHONPATH)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
                           timeout=300)
 
@@ -224,7 +214,7 @@ def test_cold_kernel_during_capture_is_refused():
 
 def test_doctor_on_gpu():
     result = subprocess.run([sys.executable, "-m", "mamba2_aot", "doctor"], capture_output=True, text=True,
-                            env=dict(os.environ, PYTHONPATH=str(RUNTIME)), timeout=300)
+                            env=dict(os.environ, PYTHONPATH=_CHILD_PYTHONPATH), timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert ": loads" in result.stdout and "FAILS" not in result.stdout
 
