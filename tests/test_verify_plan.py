@@ -86,3 +86,16 @@ def test_compact_needs_its_window_and_fits_the_capacity(no_driver):  # noqa: F81
     big = verify_args("compact", x=fake_array(0x70000000, (BATCH, CAP + 1, H, P), "fp16"))
     with pytest.raises(errors.ShapeError):
         runtime.launch("verify", stream=0, **big)
+
+
+def test_plans_name_the_kernels_parameters_in_order():
+    """The launch plans pack by name from the manifest; the names must be the kernels' own (build side)."""
+    pytest.importorskip("cutlass", reason="needs the CuTe DSL (requirements/build.txt)")
+    import sys
+    from conftest import ROOT
+    sys.path.insert(0, str(ROOT))
+    from kernel_src.families import kernel_class
+    kernels = {"verify": kernel_class("verify")("compact", 64, 128, "bf16", "fp32"),
+               "ssd_chunk_cumsum": kernel_class("ssd_chunk_cumsum")(64, "bf16")}
+    for family, kernel in kernels.items():
+        assert tuple(p.name for p in kernel.params()) == PLANS[family].param_names, family

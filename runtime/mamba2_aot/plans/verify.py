@@ -223,10 +223,14 @@ class VerifyPlan(LaunchPlan):
                 params[name] = arr.ptr
                 outputs.append(arr)
         params["window_capacity"] = capacity
-        for name in ("snapshot_indices", "num_accepted") + WINDOW:
-            params.setdefault(name, 0)
-        for name in self.param_names:  # strides of arguments this mode does not take
-            params.setdefault(name, 0)
+        # Arrays this call does not pass (other modes', absent options): null pointer and zero strides.
+        for name in ("D", "z", "dt_bias", "rejected", "snapshot_indices", "num_accepted") + WINDOW:
+            if params.get(name, 0) == 0:
+                params[name] = 0
+                params.update((p, 0) for p in self.param_names if p.startswith(f"stride_{name}_"))
+        missing = set(self.param_names) - set(params)
+        if missing:  # a plan bug, not a caller's: every kernel parameter must get a value
+            raise RuntimeError(f"verify plan left kernel parameters unset: {sorted(missing)}")
 
         return BoundCall(
             constants={"mode": mode, "headdim": headdim, "d_state": d_state, "io_dtype": x.dtype,
