@@ -162,16 +162,22 @@ def baseline_in_child(batch, T) -> float:
 
 
 def provenance():
+    """GPU, driver and package versions, the git revision, and the command (file names only, no local paths).
+
+    Where the tree was copied without its .git (a lent GPU machine), the revision comes from the
+    MAMBA2_AOT_GIT_REVISION / MAMBA2_AOT_GIT_DIRTY variables the caller sets."""
     def git(*args):
         try:
             return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
         except (OSError, subprocess.CalledProcessError):
             return None
+    revision = git("rev-parse", "HEAD")
+    dirty = bool(git("status", "--porcelain")) if revision else os.environ.get("MAMBA2_AOT_GIT_DIRTY") == "1"
     props = torch.cuda.get_device_properties(0)
     info = {"gpu": props.name, "sm_count": props.multi_processor_count, "torch": torch.__version__,
-            "cuda": torch.version.cuda, "python": platform.python_version(), "git_revision": git("rev-parse", "HEAD"),
-            "git_dirty": bool(git("status", "--porcelain")), "command": " ".join([os.path.basename(sys.argv[0])]
-                                                                                  + sys.argv[1:])}
+            "cuda": torch.version.cuda, "python": platform.python_version(),
+            "git_revision": revision or os.environ.get("MAMBA2_AOT_GIT_REVISION"), "git_dirty": dirty,
+            "command": " ".join(os.path.basename(a) if os.path.isabs(a) else a for a in sys.argv)}
     try:
         import triton
         info["triton"] = triton.__version__

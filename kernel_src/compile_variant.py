@@ -4,7 +4,7 @@ Run once per variant, in its own process (``cute.compile`` is not thread-safe)::
 
     python -m kernel_src.compile_variant --family ssd_chunk_cumsum \
         --constants '{"chunk_size": 256, "dt_dtype": "bf16"}' --arch sm_90a \
-        --cubin build/sm_90a/cubins/X.cubin --meta build/sm_90a/meta/X.json
+        --cubin build/stage/mamba2_aot_cubins_sm90/cubins/X.cubin --meta build/meta/sm_90a/X.json
 
 The metadata JSON holds the variant's manifest entry (everything but the path prefix). Any failure
 prints the variant's name and exits non-zero, leaving no output files behind.

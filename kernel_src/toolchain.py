@@ -37,7 +37,10 @@ def dsl_versions() -> dict:
             pass
     if len(flavours) != 1:
         raise RuntimeError(f"expected exactly one CUDA flavour of nvidia-cutlass-dsl-libs, found {flavours}")
-    return {"cutlass_dsl": version, "cuda_flavour": flavours[0]}
+    # The DSL assembles PTX in-process with the libnvptxcompiler its libs wheel bundles; that library does not
+    # report a version, so the wheel that pins it is recorded (the PTX ISA version goes in per build).
+    ptxas = f"libnvptxcompiler of nvidia-cutlass-dsl-libs-{flavours[0]} {version}"
+    return {"cutlass_dsl": version, "cuda_flavour": flavours[0], "ptxas": ptxas}
 
 
 def cuobjdump() -> str:

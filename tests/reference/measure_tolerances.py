@@ -1,6 +1,6 @@
 """Measure what a *correct* kernel's precision costs against the fp64 oracle (CPU only).
 
-Run:  cd /work/main && PYTHONPATH=tests .venv/bin/python -m reference.measure_tolerances [--seeds N]
+Run from the repository root:  PYTHONPATH=tests python -m reference.measure_tolerances [--seeds N]
 
 Kernel precision is emulated on the CPU with the references' own machinery:
 
