@@ -10,7 +10,7 @@ import pytest
 
 from mamba2_aot import DriverNotFoundError, driver, manifest
 from mamba2_aot.__main__ import main
-from test_runtime_support import FakeDriver, reset_runtime_state, write_cubin_dir
+from runtime_fakes import FakeDriver, reset_runtime_state, write_cubin_dir
 
 RUNTIME = Path(__file__).resolve().parents[1] / "runtime"
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import re
 import struct
@@ -14,13 +15,13 @@ from hypothesis import strategies as st
 
 from mamba2_aot import (AlignmentError, AliasingError, ArchMismatchError, CubinNotInstalledError, CudaDriverError,
                         DeviceError, DTypeError, GraphCaptureError, InvalidArgumentError, ManifestError, ShapeError,
-                        StrideError, VariantNotFoundError, driver, manifest, runtime)
+                        StrideError, VariantNotFoundError, driver, manifest, runtime, validation)
 from mamba2_aot.dispatch import ParamPacker
 from mamba2_aot.plans import PLANS
 from mamba2_aot.plans.ssd_chunk_cumsum import ChunkCumsumPlan
 from mamba2_aot.tensors import as_device_array
-from test_runtime_support import (CUMSUM_KINDS, FakeCAI, FakeDriver, FakeDLPack, c_layout, fake_array,  # noqa: F401
-                                  fake_runtime, no_driver, unpack_params, write_cubin_dir)
+from runtime_fakes import (CUMSUM_KINDS, FakeCAI, FakeDriver, FakeDLPack, c_layout, fake_array,  # noqa: F401
+                           fake_runtime, no_driver, unpack_params, write_cubin_dir)
 
 MB = 1 << 20
 LAYOUT = c_layout(ChunkCumsumPlan.param_names, CUMSUM_KINDS)
@@ -103,10 +104,6 @@ def test_launch_attribute_structs():
 # -- validation: every refusal names the argument and never opens the driver ------------------------------
 
 
-def _without(key):
-    return lambda a: a.pop(key)
-
-
 BAD_CALLS = [
     # (change to the valid arguments, error type, argument named, message fragment)
     (lambda a: a.update(dt=fake_array(0x10000000, (2, 300, 4), "int32")), DTypeError, "dt", "bf16 or fp16 or fp32"),
@@ -147,6 +144,73 @@ def test_refused_calls_name_the_argument_and_never_reach_the_driver(no_driver, c
         runtime.launch("ssd_chunk_cumsum", **args)
     assert info.value.argument == argument
     assert str(info.value).startswith(argument) or f" {argument}" in str(info.value)
+    assert driver._driver is None
+
+
+@pytest.mark.parametrize("flag", [1.0, "yes", None, 2, -1])
+def test_dt_softplus_must_be_a_bool(no_driver, flag):  # verify's plan shares the rule: test_verify_plan.py
+    with pytest.raises(InvalidArgumentError, match=r"^dt_softplus: expected a bool \(or 0 / 1\)") as info:
+        runtime.launch("ssd_chunk_cumsum", dt_softplus=flag, **cumsum_args())
+    assert info.value.argument == "dt_softplus" and driver._driver is None
+
+
+@pytest.mark.parametrize("flag,expected", [(True, True), (False, False), (1, True), (0, False)])
+def test_expect_bool_accepts_bools_and_0_1(flag, expected):
+    np = pytest.importorskip("numpy")
+    assert validation.expect_bool("f", flag) is expected
+    assert validation.expect_bool("f", np.int64(flag)) is expected
+
+
+def test_misspelt_keyword_names_it_and_lists_the_accepted_ones(no_driver):
+    args = cumsum_args()
+    args["dtbias"] = args.pop("dt_bias")
+    with pytest.raises(InvalidArgumentError) as info:
+        runtime.launch("ssd_chunk_cumsum", **args)
+    text = str(info.value)
+    assert info.value.argument == "dtbias" and not isinstance(info.value, TypeError)
+    assert text.startswith("dtbias: not an argument of ssd_chunk_cumsum (did you mean 'dt_bias'?)")
+    assert "accepts: dt, A, dt_out, dA_cumsum, chunk_size, dt_bias, dt_softplus, dt_limit, stream" in text
+    assert driver._driver is None
+
+
+def test_several_unknown_keywords(no_driver):
+    with pytest.raises(InvalidArgumentError, match="^foo, bar: not an argument of ssd_chunk_cumsum; ") as info:
+        runtime.launch("ssd_chunk_cumsum", foo=1, bar=2, **cumsum_args())
+    assert info.value.argument is None
+
+
+def test_missing_keyword_names_it(no_driver):
+    args = cumsum_args()
+    del args["dA_cumsum"]
+    with pytest.raises(InvalidArgumentError, match="^dA_cumsum: required by ssd_chunk_cumsum; ssd_chunk_cumsum "
+                       "accepts: dt, A, dt_out, dA_cumsum, ") as info:
+        runtime.launch("ssd_chunk_cumsum", **args)
+    assert info.value.argument == "dA_cumsum" and driver._driver is None
+
+
+def test_other_type_errors_from_bind_pass_through(no_driver, monkeypatch):
+    class BuggyPlan(ChunkCumsumPlan):
+        @functools.wraps(ChunkCumsumPlan.bind)
+        def bind(self, **kwargs):
+            raise TypeError("a plan bug")
+
+    monkeypatch.setitem(PLANS, "ssd_chunk_cumsum", BuggyPlan())
+    with pytest.raises(TypeError, match="^a plan bug$"):
+        runtime.launch("ssd_chunk_cumsum", **cumsum_args())
+
+
+def test_constants_built_for_no_arch_refused_before_the_driver(no_driver, tmp_path, monkeypatch):
+    write_cubin_dir(tmp_path, cc=(9, 0))
+    write_cubin_dir(tmp_path, cc=(10, 0), chunk_sizes=(128,))
+    monkeypatch.setenv(manifest.ENV_CUBIN_DIR, str(tmp_path))
+    with pytest.raises(VariantNotFoundError) as info:
+        runtime.launch("ssd_chunk_cumsum", **cumsum_args(Q=100))
+    assert str(info.value) == (
+        "ssd_chunk_cumsum: no built variant for chunk_size=100, dt_dtype=fp32 in the installed cubins (archs: "
+        "sm_100a, sm_90a). Built ssd_chunk_cumsum variants: [chunk_size=64, dt_dtype=bf16] (sm_90a); "
+        "[chunk_size=64, dt_dtype=fp32] (sm_90a); [chunk_size=128, dt_dtype=bf16] (sm_100a); "
+        "[chunk_size=128, dt_dtype=fp32] (sm_100a); [chunk_size=256, dt_dtype=bf16] (sm_90a); "
+        "[chunk_size=256, dt_dtype=fp32] (sm_90a)")
     assert driver._driver is None
 
 
@@ -246,13 +310,26 @@ def test_bad_chunk_size_lists_built_variants(fake_runtime):
 
 
 def test_unbuilt_dtype_lists_built_variants(fake_runtime):
-    with pytest.raises(VariantNotFoundError, match="dt_dtype=fp16 on sm_90.*dt_dtype=fp32"):
+    with pytest.raises(VariantNotFoundError, match="dt_dtype=fp16 in the installed cubins.*dt_dtype=fp32"):
         runtime.launch("ssd_chunk_cumsum", **cumsum_args(dt_dtype="fp16"))
+    assert not fake_runtime.calls  # refused before the device was looked at
+
+
+def test_variant_built_only_for_another_arch(tmp_path, monkeypatch, fake_runtime):
+    write_cubin_dir(tmp_path / "two", cc=(9, 0), chunk_sizes=(64,))
+    write_cubin_dir(tmp_path / "two", cc=(10, 0), chunk_sizes=(128,))
+    monkeypatch.setenv(manifest.ENV_CUBIN_DIR, str(tmp_path / "two"))
+    manifest.catalog(refresh=True)
+    with pytest.raises(VariantNotFoundError, match=r"chunk_size=128, dt_dtype=fp32 on sm_90\. Built ssd_chunk_cumsum "
+                       r"variants for sm_90: \[chunk_size=64, dt_dtype=bf16\]; \[chunk_size=64, dt_dtype=fp32\]$"):
+        runtime.launch("ssd_chunk_cumsum", **cumsum_args(Q=128))
+    assert not fake_runtime.launches
 
 
 def test_wrong_arch_names_the_wheel(fake_runtime):
     fake_runtime.capabilities = [(10, 0)]
-    with pytest.raises(CubinNotInstalledError, match="pip install 'mamba2_aot_cubins_sm100=="):
+    with pytest.raises(CubinNotInstalledError, match="pip install 'mamba2_aot_cubins_sm100==.*, or build them with "
+                       "`scons arch=sm100` and point MAMBA2_AOT_CUBIN_DIR at"):
         runtime.launch("ssd_chunk_cumsum", **cumsum_args())
     assert not [c for c in fake_runtime.calls if c[0] == "load"]  # checked before loading
 

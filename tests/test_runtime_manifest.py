@@ -10,7 +10,7 @@ import pytest
 import mamba2_aot
 from mamba2_aot import (CubinNotInstalledError, CubinPackageError, ManifestError, Sha256MismatchError,
                         VariantNotFoundError, VersionLockError, manifest)
-from test_runtime_support import write_cubin_dir
+from runtime_fakes import write_cubin_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -138,6 +138,30 @@ def test_missing_arch_names_the_wheel(tmp_path):
     text = str(info.value)
     assert "sm_90" in text and f"pip install 'mamba2_aot_cubins_sm90=={mamba2_aot.__version__}'" in text
     assert "mamba2_aot_cubins_sm100 (sm_100a)" in text
+    assert "or build them with `scons arch=sm90` and point MAMBA2_AOT_CUBIN_DIR at the build's build/stage" in text
+
+
+def test_require_built_across_archs(tmp_path):
+    write_cubin_dir(tmp_path, cc=(9, 0), chunk_sizes=(64,))
+    write_cubin_dir(tmp_path, cc=(10, 0), chunk_sizes=(256,))
+    catalog = manifest.discover({manifest.ENV_CUBIN_DIR: str(tmp_path)})
+    for q in (64, 256):  # built for some arch: the per-device lookup decides
+        catalog.require_built("ssd_chunk_cumsum", manifest.constants_key({"chunk_size": q, "dt_dtype": "bf16"}))
+    with pytest.raises(VariantNotFoundError, match=r"chunk_size=128, dt_dtype=bf16 in the installed cubins \(archs: "
+                       r"sm_100a, sm_90a\)\. .*\[chunk_size=64, dt_dtype=bf16\] \(sm_90a\); .*"
+                       r"\[chunk_size=256, dt_dtype=fp32\] \(sm_100a\)$"):
+        catalog.require_built("ssd_chunk_cumsum", manifest.constants_key({"chunk_size": 128, "dt_dtype": "bf16"}))
+    with pytest.raises(VariantNotFoundError, match="Built nope variants: none$"):
+        catalog.require_built("nope", ())
+
+
+def test_require_built_defers_to_the_device_lookup_when_unsure(tmp_path):
+    empty = manifest.Catalog([], [])
+    write_cubin_dir(tmp_path, cc=(9, 0), version="0.0.1")  # a broken sm_90 package: its error must surface
+    write_cubin_dir(tmp_path, cc=(10, 0))
+    broken = manifest.discover({manifest.ENV_CUBIN_DIR: str(tmp_path)})
+    for catalog in (empty, broken):
+        catalog.require_built("ssd_chunk_cumsum", manifest.constants_key({"chunk_size": 100, "dt_dtype": "bf16"}))
 
 
 def test_version_locked_package_raised_only_for_its_arch(tmp_path):

@@ -12,7 +12,7 @@ from mamba2_aot import ArrayProtocolError, DeviceError, DTypeError, StreamError,
 from mamba2_aot.streams import as_dlpack_stream, default_stream, resolve, stream_handle
 from mamba2_aot.tensors import DeviceArray, as_device_array
 from mamba2_aot.validation import _has_internal_overlap
-from test_runtime_support import FakeCAI, FakeDLPack
+from runtime_fakes import FakeCAI, FakeDLPack
 
 # -- __cuda_array_interface__ -----------------------------------------------------------------------------
 
@@ -65,6 +65,45 @@ def test_cai_that_raises_falls_back_to_dlpack():
 
     a = as_device_array(Bf16Export(0x1000, (3,), code=4, bits=16), "x")
     assert a.dtype == "bf16"
+
+
+def _malformed_cai(change):
+    obj = FakeCAI(0x1000, (2, 3), strides=(12, 4))
+    change(obj.__cuda_array_interface__)
+    return obj
+
+
+_DATA = "'data' must be a (pointer, readonly) pair"
+
+
+@pytest.mark.parametrize("change,fragment", [
+    pytest.param(lambda cai: cai.pop("data"), _DATA + ", got None", id="no-data"),
+    pytest.param(lambda cai: cai.update(data=0x1000), _DATA, id="data-not-a-pair"),
+    pytest.param(lambda cai: cai.update(data=(0x1000,)), _DATA, id="data-one-item"),
+    pytest.param(lambda cai: cai.update(data=("0x1000", False)), _DATA, id="pointer-a-string"),
+    pytest.param(lambda cai: cai.update(data=(-4096, False)), _DATA, id="pointer-negative"),
+    pytest.param(lambda cai: cai.update(data=(1 << 64, False)), _DATA, id="pointer-over-64-bits"),
+    pytest.param(lambda cai: cai.update(data=(0x1000, "no")), _DATA, id="readonly-a-string"),
+    pytest.param(lambda cai: cai.pop("shape"), "'shape' must be a tuple of ints, got None", id="no-shape"),
+    pytest.param(lambda cai: cai.update(shape=(2.0, 3)), "'shape' must be a tuple of ints", id="shape-float"),
+    pytest.param(lambda cai: cai.update(shape=("2", 3)), "'shape' must be a tuple of ints", id="shape-string"),
+    pytest.param(lambda cai: cai.update(shape=(2, -3)), "shape (2, -3) has a negative dim", id="shape-negative"),
+    pytest.param(lambda cai: cai.update(strides=(12.0, 4)), "'strides' must be a tuple of ints", id="strides-float"),
+    pytest.param(lambda cai: cai.update(strides=(4,)), "strides (4,) do not match shape (2, 3)", id="strides-rank"),
+])
+def test_cai_malformed_export_names_argument(change, fragment):
+    with pytest.raises(ArrayProtocolError) as info:
+        as_device_array(_malformed_cai(change), "dt")
+    assert info.value.argument == "dt" and str(info.value).startswith("dt: ")
+    assert fragment in str(info.value)
+
+
+def test_cai_numpy_ints_and_null_pointer_accepted():
+    np = pytest.importorskip("numpy")
+    a = as_device_array(_malformed_cai(lambda cai: cai.update(shape=(np.int64(2), np.int32(3)),
+                                                               strides=(np.int64(12), 4))), "x")
+    assert a.shape == (2, 3) and a.strides == (3, 1) and all(type(d) is int for d in a.shape + a.strides)
+    assert as_device_array(_malformed_cai(lambda cai: cai.update(data=(None, False), shape=(0, 3))), "x").ptr == 0
 
 
 @given(st.lists(st.tuples(st.integers(1, 5), st.integers(-50, 50)), min_size=0, max_size=4),
@@ -132,6 +171,12 @@ def test_dlpack_unsupported_dtype_and_version():
         as_device_array(FakeDLPack(0x4000, (3,), lanes=4), "x")
     with pytest.raises(ArrayProtocolError, match="DLPack version 2.0"):
         as_device_array(FakeDLPack(0x4000, (3,), major=2), "x")
+
+
+def test_dlpack_negative_dim_names_argument():
+    with pytest.raises(ArrayProtocolError, match=r"^dt: DLPack shape \(2, -1\) has a negative dim") as info:
+        as_device_array(FakeDLPack(0x4000, (2, -1)), "dt")
+    assert info.value.argument == "dt"
 
 
 def test_numpy_cpu_array_refused():

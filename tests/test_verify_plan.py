@@ -5,7 +5,7 @@ import pytest
 from mamba2_aot import errors, runtime
 from mamba2_aot.plans import PLANS
 from mamba2_aot.tensors import as_device_array
-from test_runtime_support import fake_array, no_driver  # noqa: F401  (fixture)
+from runtime_fakes import fake_array, no_driver  # noqa: F401  (fixture)
 
 MB = 1 << 20
 
@@ -67,7 +67,10 @@ BAD = [
      "snapshot_indices", "not used in update mode"),
     ({"dt_limit": (1.0, 0.5)}, errors.InvalidArgumentError, "dt_limit", "greater than"),
     ({"out": None}, errors.ArrayProtocolError, "out", "required, got None"),
-]
+    ({"rejected": fake_array(0x70000000, (2,), "int32")}, errors.ShapeError, "rejected",
+     "expected shape (1,) (one int32 counter), got (2,)"),
+] + [({"dt_softplus": flag}, errors.InvalidArgumentError, "dt_softplus", "expected a bool (or 0 / 1)")
+     for flag in (1.0, "yes", None, 2)]  # the rule ssd_chunk_cumsum applies too (validation.expect_bool)
 
 
 @pytest.mark.parametrize("change,error,argument,fragment", BAD)
@@ -76,6 +79,18 @@ def test_refused_calls_name_the_argument_and_never_reach_the_driver(no_driver, c
         runtime.launch("verify", stream=0, **verify_args(**change))
     assert info.value.argument == argument
     assert fragment in str(info.value)
+
+
+def test_unknown_or_missing_keyword_names_it(no_driver):  # noqa: F811
+    args = verify_args()
+    del args["mode"]
+    with pytest.raises(errors.InvalidArgumentError, match="^mode: required by verify; verify accepts: mode, ") as info:
+        runtime.launch("verify", stream=0, **args)
+    assert info.value.argument == "mode"
+    with pytest.raises(errors.InvalidArgumentError, match="^snapshot_idx: not an argument of verify "
+                       r"\(did you mean 'snapshot_indices'\?\)") as info:
+        runtime.launch("verify", stream=0, snapshot_idx=None, **verify_args())
+    assert info.value.argument == "snapshot_idx"
 
 
 def test_compact_needs_its_window_and_fits_the_capacity(no_driver):  # noqa: F811

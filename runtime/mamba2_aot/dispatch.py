@@ -6,7 +6,7 @@ One ``launch`` call, in order (the driver is touched from step 4 on, so most bad
 2. resolve the stream (``streams``) and adapt the array arguments (``tensors``);
 3. let the plan validate (``plans/<family>``) and apply the checks every kernel needs
    (``validation.check_call``), or reuse the result of an identical recent call; an empty grid
-   returns here;
+   returns here; otherwise constants that no installed manifest (of any arch) has are refused here;
 4. establish the one device of all arrays and the stream, and make its primary context current;
 5. take the loaded kernel for (family, constants, device) from a cache, or load it: variant lookup by
    the device's compute capability, sha256 check, ``cuLibraryLoadData`` once per cubin, per-device
@@ -18,12 +18,14 @@ The loaded-kernel cache is read without a lock (a dict lookup is atomic); loadin
 from __future__ import annotations
 
 import ctypes
+import difflib
+import inspect
 import struct
 import threading
 
 from . import driver, manifest, streams
 from .errors import (ArchMismatchError, CubinPackageError, CudaDriverError, DeviceError, GraphCaptureError,
-                     ManifestError, VariantNotFoundError)
+                     InvalidArgumentError, ManifestError, Mamba2AOTError, VariantNotFoundError)
 from .plans import PLANS, LaunchPlan
 from .tensors import as_device_array
 from .validation import BoundCall, check_call
@@ -94,6 +96,7 @@ _libraries: dict[str, tuple[int, bytes]] = {}  # cubin path -> (CUlibrary, image
 _load_lock = threading.RLock()
 _recent_calls: dict[tuple, tuple] = {}  # see _validated
 _RECENT_CALLS_MAX = 1024
+_keywords: dict[LaunchPlan, tuple] = {}  # plan -> (accepted, required, takes **kwargs); see _keyword_error
 
 
 def _plan(family: str) -> LaunchPlan:
@@ -107,8 +110,9 @@ def launch(family: str, *, stream=None, **kwargs) -> None:
     """Launch ``family``'s kernel on ``stream`` (see ``streams`` for ``None``) with ``kwargs``.
 
     The keyword arguments are the family's (documented in ``mamba2_aot/plans/<family>.py``). Raises an
-    :class:`~mamba2_aot.errors.InvalidArgumentError` subclass for a bad argument,
-    :class:`VariantNotFoundError` when the constants were not built for this arch,
+    :class:`~mamba2_aot.errors.InvalidArgumentError` subclass for a bad argument (itself for an unknown or
+    missing keyword, listing the accepted ones), :class:`VariantNotFoundError` when the constants were not
+    built for any installed arch (checked before the driver is opened) or not for the device's arch,
     :class:`CubinPackageError` for install problems, :class:`GraphCaptureError` when a kernel would have
     to be loaded during capture, and :class:`CudaDriverError`. A refused call launches nothing.
     """
@@ -145,7 +149,8 @@ def _validated(plan: LaunchPlan, kwargs: dict) -> tuple[BoundCall, tuple, int | 
     DLPack; ``None`` when a ``__cuda_array_interface__`` array leaves it to the driver). Validation is a
     pure function of the adapted arguments (pointers, shapes, strides, dtypes, devices, options), so a call
     identical to a recent one reuses its result: serving loops that launch on the same buffers skip most
-    of the host work. Unhashable arguments (e.g. a list) just skip the memo.
+    of the host work. Unhashable arguments (e.g. a list) just skip the memo. A non-empty call whose
+    constants no installed manifest has raises :class:`VariantNotFoundError` (checked on a memo miss only).
     """
     key = (plan.family, *kwargs.items())
     try:
@@ -153,15 +158,49 @@ def _validated(plan: LaunchPlan, kwargs: dict) -> tuple[BoundCall, tuple, int | 
     except TypeError:
         key, memo = None, None
     if memo is None:
-        call = plan.bind(**kwargs)
+        try:
+            call = plan.bind(**kwargs)
+        except TypeError as exc:  # only the error path pays for inspecting the signature
+            error = None if isinstance(exc, Mamba2AOTError) else _keyword_error(plan, kwargs)
+            if error is None:
+                raise
+            raise error from None
         check_call(call)
+        variant_key = manifest.constants_key(call.constants)
+        if 0 not in call.grid:
+            manifest.catalog().require_built(plan.family, variant_key)
         devices = {a.device for a in call.inputs + call.outputs}
-        memo = (call, manifest.constants_key(call.constants), devices.pop() if len(devices) == 1 else None)
+        memo = (call, variant_key, devices.pop() if len(devices) == 1 else None)
         if key is not None:
             if len(_recent_calls) >= _RECENT_CALLS_MAX:
                 _recent_calls.clear()
             _recent_calls[key] = memo
     return memo
+
+
+def _keyword_error(plan: LaunchPlan, kwargs: dict) -> InvalidArgumentError | None:
+    """The :class:`InvalidArgumentError` for a keyword ``plan.bind`` does not take (or a required one not
+    given), listing the accepted keywords; ``None`` when the keywords are fine (the ``TypeError`` came
+    from elsewhere). The signature is read once per plan, and only on this error path."""
+    entry = _keywords.get(plan)
+    if entry is None:
+        params = inspect.signature(plan.bind).parameters.values()
+        named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        entry = _keywords[plan] = (tuple(p.name for p in named), tuple(p.name for p in named if p.default is p.empty),
+                                   any(p.kind == p.VAR_KEYWORD for p in params))
+    accepted, required, open_ended = entry
+    accepts = f"{plan.family} accepts: {', '.join(accepted)}, stream"
+    unknown = [] if open_ended else [name for name in kwargs if name not in accepted]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], accepted, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if len(unknown) == 1 and close else ""
+        return InvalidArgumentError(unknown[0] if len(unknown) == 1 else None,
+                                    f"{', '.join(unknown)}: not an argument of {plan.family}{hint}; {accepts}")
+    missing = [name for name in required if name not in kwargs]
+    if missing:
+        return InvalidArgumentError(missing[0] if len(missing) == 1 else None,
+                                    f"{', '.join(missing)}: required by {plan.family}; {accepts}")
+    return None
 
 
 def _device_of(drv, call: BoundCall, stream: int, known_device: int | None) -> int:

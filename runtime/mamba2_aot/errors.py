@@ -70,7 +70,8 @@ class StreamError(InvalidArgumentError, TypeError):
 
 
 class VariantNotFoundError(Mamba2AOTError, LookupError):
-    """An unknown family, or no built variant with the requested compile-time constants for this arch."""
+    """An unknown family, or no built variant with the requested compile-time constants: for any installed
+    arch (raised before the driver is opened), or for the device's arch."""
 
 
 class CubinPackageError(Mamba2AOTError):

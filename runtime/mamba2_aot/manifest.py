@@ -50,7 +50,10 @@ def package_name(cc: tuple[int, int]) -> str:
 
 
 def install_hint(cc: tuple[int, int]) -> str:
-    return f"pip install '{package_name(cc)}=={__version__}'"
+    """How to get cubins for ``cc``: the wheel to install, or a build to point ``MAMBA2_AOT_CUBIN_DIR`` at."""
+    short = package_name(cc)[len(PACKAGE_PREFIX):]
+    return (f"pip install '{package_name(cc)}=={__version__}', or build them with `scons arch={short}` and point "
+            f"{ENV_CUBIN_DIR} at the build's build/stage directory")
 
 
 def constants_key(constants) -> tuple:
@@ -241,6 +244,7 @@ class Catalog:
         self.manifests = tuple(manifests)
         self.problems = tuple(problems)
         self._index: dict[tuple[int, int], dict] = {}
+        self._built: frozenset | None = None  # every (family, constants_key) of every arch
 
     def for_capability(self, cc: tuple[int, int]) -> list[Manifest]:
         """The manifests whose cubins load on ``cc``; raises the recorded problem or
@@ -255,7 +259,7 @@ class Catalog:
         installed = ", ".join(f"{m.package} ({m.arch})" for m in self.manifests) or "none"
         raise CubinNotInstalledError(
             f"no mamba2_aot cubins for {arch_name(cc)} (compute capability {cc[0]}.{cc[1]}) are installed "
-            f"(found: {installed}); fix with: {install_hint(cc)}, or point {ENV_CUBIN_DIR} at a build's cubins"
+            f"(found: {installed}); fix with: {install_hint(cc)}"
         )
 
     def index(self, cc: tuple[int, int]) -> dict:
@@ -276,12 +280,39 @@ class Catalog:
         variant = table.get((family, constants_key(constants)))
         if variant is not None:
             return variant
-        built = sorted(format_constants(v.constants) for (fam, _), v in table.items() if fam == family)
-        listing = "; ".join(f"[{b}]" for b in built) if built else "none"
+        listing = _listing(v for (fam, _), v in table.items() if fam == family)
         raise VariantNotFoundError(
             f"{family}: no built variant for {format_constants(constants)} on {arch_name(cc)}. "
             f"Built {family} variants for {arch_name(cc)}: {listing}"
         )
+
+    def require_built(self, family: str, key: tuple) -> None:
+        """Raise :class:`VariantNotFoundError`, listing every built variant of ``family`` and its archs, when
+        no manifest of any arch has the variant with constants ``key`` (a :func:`constants_key`): such a
+        call cannot run on any device. Needs no driver. Does nothing when no manifest was found or a
+        source is broken: then the per-device lookup (:meth:`find`) reports the actual problem."""
+        if not self.manifests or self.problems:
+            return
+        if self._built is None:
+            self._built = frozenset((v.family, constants_key(v.constants)) for m in self.manifests for v in m.variants)
+        if (family, key) in self._built:
+            return
+        archs = ", ".join(sorted({m.arch for m in self.manifests}))
+        listing = _listing((v for m in self.manifests for v in m.variants if v.family == family), with_arch=True)
+        raise VariantNotFoundError(
+            f"{family}: no built variant for {format_constants(dict(key))} in the installed cubins (archs: "
+            f"{archs}). Built {family} variants: {listing}"
+        )
+
+
+def _listing(variants, *, with_arch: bool = False) -> str:
+    """``[chunk_size=64, dt_dtype=bf16]; ...`` (with ``with_arch``: ``[...] (sm_90a, sm_100a); ...``), or ``none``."""
+    archs: dict[tuple, set[str]] = {}
+    for v in variants:
+        archs.setdefault(constants_key(v.constants), set()).add(v.manifest.arch)
+    order = sorted(archs, key=lambda key: [(k, isinstance(v, str), v) for k, v in key])  # 64 before 256
+    return "; ".join(f"[{format_constants(dict(key))}]" + (f" ({', '.join(sorted(archs[key]))})" if with_arch else "")
+                     for key in order) or "none"
 
 
 def _override_manifest_paths(value: str) -> tuple[list[Path], list[Problem]]:

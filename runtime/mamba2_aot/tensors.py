@@ -15,11 +15,14 @@ Accepted, in this order of preference:
    memory stays valid because the caller keeps the producer object alive for the whole call.
 
 bf16 cannot be written as a ``__cuda_array_interface__`` typestr; such arrays are read through DLPack
-(``kDLBfloat``). Anything not in CUDA device memory (CPU, pinned host) is refused, naming the argument.
+(``kDLBfloat``). Anything not in CUDA device memory (CPU, pinned host) is refused, naming the argument,
+and so is a malformed export (a CAI without a ``(pointer, readonly)`` ``data`` pair, non-integer shape or
+strides, a negative dim from CAI or DLPack).
 """
 from __future__ import annotations
 
 import ctypes
+import operator
 import sys
 from typing import NamedTuple
 
@@ -91,8 +94,9 @@ def as_device_array(obj, name: str, *, dlpack_stream: int | None = None) -> Devi
     ``dlpack_stream`` is the stream the kernel will run on, in DLPack's convention (1 = legacy default,
     2 = per-thread default, else a handle; ``None`` = legacy default): a DLPack producer orders its
     pending work before that stream. Raises :class:`ArrayProtocolError` (not an array),
-    :class:`DeviceError` (not CUDA device memory), :class:`DTypeError` (unsupported element type) or
-    :class:`StrideError` (strides not a multiple of the element size), each naming ``name``.
+    :class:`ArrayProtocolError` also for a malformed export (bad CAI ``data``/``shape``/``strides``, a
+    negative dim), :class:`DeviceError` (not CUDA device memory), :class:`DTypeError` (unsupported element
+    type) or :class:`StrideError` (strides not a multiple of the element size), each naming ``name``.
     """
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
@@ -151,18 +155,59 @@ def _from_cai(cai: dict, name: str) -> DeviceArray | None:
         return None
     if cai.get("mask") is not None:
         raise ArrayProtocolError(name, f"{name}: masked arrays (__cuda_array_interface__ 'mask') are not supported")
-    ptr, readonly = cai["data"]
-    shape = tuple(int(d) for d in cai["shape"])
+    ptr, readonly = _cai_data(cai.get("data"), name)
+    shape = _cai_ints(cai.get("shape"), name, "shape")
+    _check_dims(shape, name, "__cuda_array_interface__")
     itemsize = ITEMSIZE[dtype]
     byte_strides = cai.get("strides")
     if byte_strides is None:
         strides = _contiguous_strides(shape)
     else:
+        byte_strides = _cai_ints(byte_strides, name, "strides")
+        if len(byte_strides) != len(shape):
+            raise ArrayProtocolError(name, f"{name}: __cuda_array_interface__ strides {byte_strides} do not match "
+                                     f"shape {shape}")
         if any(s % itemsize for s in byte_strides):
-            raise StrideError(name, f"{name}: byte strides {tuple(byte_strides)} are not multiples of the "
+            raise StrideError(name, f"{name}: byte strides {byte_strides} are not multiples of the "
                               f"{dtype} element size {itemsize}")
         strides = tuple(s // itemsize for s in byte_strides)
-    return DeviceArray(name, int(ptr or 0), shape, strides, dtype, None, bool(readonly), cai.get("stream"))
+    return DeviceArray(name, ptr, shape, strides, dtype, None, readonly, cai.get("stream"))
+
+
+def _cai_data(data, name: str) -> tuple[int, bool]:
+    """CAI ``data``: a ``(pointer, readonly)`` pair, the pointer a 64-bit address (``None``: an empty array)
+    and ``readonly`` a bool. Raises :class:`ArrayProtocolError` naming ``name`` otherwise."""
+    try:
+        ptr, readonly = data
+        ptr = 0 if ptr is None else _cai_int(ptr)
+        if not 0 <= ptr < 1 << 64 or not isinstance(readonly, (bool, int)):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ArrayProtocolError(name, f"{name}: __cuda_array_interface__ 'data' must be a (pointer, readonly) pair, "
+                                 f"got {data!r}") from None
+    return ptr, bool(readonly)
+
+
+def _cai_ints(value, name: str, field: str) -> tuple[int, ...]:
+    """CAI ``shape`` or ``strides``: a sequence of ints. Raises :class:`ArrayProtocolError` naming ``name``."""
+    try:
+        return tuple(_cai_int(v) for v in value)
+    except TypeError:
+        raise ArrayProtocolError(name, f"{name}: __cuda_array_interface__ '{field}' must be a tuple of ints, got "
+                                 f"{value!r}") from None
+
+
+def _cai_int(value) -> int:
+    """A Python or NumPy int (not a bool, float or string); ``TypeError`` otherwise."""
+    if isinstance(value, bool):
+        raise TypeError
+    return operator.index(value)
+
+
+def _check_dims(shape: tuple[int, ...], name: str, source: str) -> None:
+    """Refuse a negative dim (:class:`ArrayProtocolError` naming ``name``); torch cannot produce one."""
+    if any(d < 0 for d in shape):
+        raise ArrayProtocolError(name, f"{name}: {source} shape {shape} has a negative dim")
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -252,6 +297,7 @@ def dlpack_capsule_to_array(capsule, name: str) -> DeviceArray:
                          f"(supported: {_expected_dtypes()})")
     ndim = tensor.ndim
     shape = tuple(tensor.shape[i] for i in range(ndim))
+    _check_dims(shape, name, "DLPack")
     strides = tuple(tensor.strides[i] for i in range(ndim)) if tensor.strides else _contiguous_strides(shape)
     ptr = (tensor.data or 0) + tensor.byte_offset
     return DeviceArray(name, ptr, shape, strides, dtype, tensor.device.device_id, readonly)

@@ -72,6 +72,20 @@ def expect_int(name: str, value, *, minimum: int = 0, maximum: int = INT32_MAX) 
     return value
 
 
+def expect_bool(name: str, value) -> bool:
+    """A flag: a bool, or the int 0 or 1 (a Python or NumPy int). Anything else (``1.0``, ``"yes"``,
+    ``None``, ``2``) raises :class:`InvalidArgumentError` naming ``name``."""
+    if isinstance(value, bool):
+        return value
+    try:
+        flag = operator.index(value)
+    except TypeError:
+        flag = None
+    if flag not in (0, 1):
+        raise InvalidArgumentError(name, f"{name}: expected a bool (or 0 / 1), got {type(value).__name__} {value!r}")
+    return bool(flag)
+
+
 def expect_dim(name: str, what: str, value: int, *, maximum: int = INT32_MAX) -> None:
     """A dimension the kernel receives as a 32-bit int (or a grid dim, with a smaller ``maximum``)."""
     if value > maximum:

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import math
 
-from ..errors import InvalidArgumentError, ShapeError
-from ..validation import (GRID_YZ_MAX, BoundCall, expect_dim, expect_dt_limit, expect_dtype, expect_given, expect_int,
-                          expect_rank, expect_shape)
+from ..errors import ShapeError
+from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_dim, expect_dt_limit, expect_dtype, expect_given,
+                          expect_int, expect_rank, expect_shape)
 from .base import LaunchPlan
 
 DT_DTYPES = ("bf16", "fp16", "fp32")
@@ -51,8 +51,7 @@ class ChunkCumsumPlan(LaunchPlan):
         """Validate a call (see the module docstring; arrays arrive as DeviceArray). Raises the
         InvalidArgumentError subclasses."""
         chunk_size = expect_int("chunk_size", chunk_size, minimum=1)
-        if not isinstance(dt_softplus, (bool, int)) or dt_softplus not in (0, 1):
-            raise InvalidArgumentError("dt_softplus", f"dt_softplus: expected a bool, got {dt_softplus!r}")
+        dt_softplus = expect_bool("dt_softplus", dt_softplus)
         dt_min, dt_max = expect_dt_limit(dt_limit)
         expect_given(dt=dt, A=A, dt_out=dt_out, dA_cumsum=dA_cumsum)
 

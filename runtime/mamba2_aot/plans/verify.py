@@ -48,8 +48,8 @@ from __future__ import annotations
 import math
 
 from ..errors import AlignmentError, InvalidArgumentError, ShapeError, StrideError
-from ..validation import (GRID_YZ_MAX, BoundCall, expect_dim, expect_dt_limit, expect_dtype, expect_given, expect_rank,
-                          expect_shape)
+from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_dim, expect_dt_limit, expect_dtype, expect_given,
+                          expect_rank, expect_shape)
 from .base import LaunchPlan
 
 MODES = ("update", "snapshot", "compact")
@@ -95,8 +95,7 @@ class VerifyPlan(LaunchPlan):
         """Validate a call (see the module docstring). Raises the InvalidArgumentError subclasses."""
         if mode not in MODES:
             raise InvalidArgumentError("mode", f"mode: expected one of {MODES}, got {mode!r}")
-        if dt_softplus not in (False, True, 0, 1):
-            raise InvalidArgumentError("dt_softplus", f"dt_softplus: expected a bool, got {dt_softplus!r}")
+        dt_softplus = expect_bool("dt_softplus", dt_softplus)
         dt_min, dt_max = expect_dt_limit(dt_limit)
         expect_given(state=state, x=x, dt=dt, A=A, B=B, C=C, out=out, state_indices=state_indices)
         _expect_mode_args(mode, snapshot_indices=snapshot_indices, num_accepted=num_accepted, window_count=window_count,
@@ -180,7 +179,7 @@ class VerifyPlan(LaunchPlan):
         if rejected is not None:
             optional["rejected"] = rejected
             expect_dtype(rejected, ("int32",))
-            expect_shape(rejected, (1,), "(1,)")
+            expect_shape(rejected, (1,), "(one int32 counter)")
         for name, arr in optional.items():
             params[name] = arr.ptr if arr is not None else 0
             if name != "rejected":

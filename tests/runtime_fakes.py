@@ -20,7 +20,7 @@ import mamba2_aot
 from mamba2_aot import dispatch, driver, manifest
 from mamba2_aot.plans.ssd_chunk_cumsum import ChunkCumsumPlan
 
-# The contract's kernel parameter kinds for ssd_chunk_cumsum (issue 3), in order.
+# The kinds of ssd_chunk_cumsum's kernel parameters, in ChunkCumsumPlan.param_names order.
 CUMSUM_KINDS = ["ptr"] * 5 + ["i32"] * 4 + ["i64"] * 13 + ["i32", "i32", "f32", "f32"]
 KIND_SIZES = {"ptr": 8, "i32": 4, "i64": 8, "f32": 4}
 
