@@ -101,6 +101,26 @@ class SSMStep:
         return y
 
 
+def ssm_inputs(x, dt, A, B, C, D, z, dt_bias, compute_dtype=FP64):
+    """x, dt, A, B, C, D, z, dt_bias as ``compute_dtype`` tensors (None stays None), with consistent shapes:
+    x (batch, L, H, P), dt (batch, L, H), A (H), B and C (batch, L, G, N) with G dividing H, z like x,
+    dt_bias (H), D (H) or (H, P). Raises ValueError naming the first inconsistent argument."""
+    x, dt, A, B, C, D, z, dt_bias = (as_float(t, compute_dtype) for t in (x, dt, A, B, C, D, z, dt_bias))
+    batch, seqlen, nheads, headdim = x.shape
+    ngroups, dstate = B.shape[2], B.shape[3]
+    check_shape("dt", dt, (batch, seqlen, nheads))
+    check_shape("A", A, (nheads,))
+    check_shape("B", B, (batch, seqlen, ngroups, dstate))
+    check_shape("C", C, (batch, seqlen, ngroups, dstate))
+    check_shape("z", z, x.shape)
+    check_shape("dt_bias", dt_bias, (nheads,))
+    if D is not None and tuple(D.shape) not in ((nheads,), (nheads, headdim)):
+        raise ValueError(f"D has shape {tuple(D.shape)}, expected ({nheads},) or ({nheads}, {headdim})")
+    if nheads % ngroups:
+        raise ValueError(f"nheads={nheads} is not a multiple of ngroups={ngroups}")
+    return x, dt, A, B, C, D, z, dt_bias
+
+
 @dataclass(frozen=True)
 class SSDProblem:
     """Validated SSD inputs in the compute dtype (see :func:`ssd_reference` for shapes)."""
@@ -121,21 +141,10 @@ class SSDProblem:
     @classmethod
     def build(cls, x, dt, A, B, C, *, D, z, dt_bias, dt_softplus, dt_limit, initial_states,
               seq_idx, cu_seqlens, compute_dtype=FP64):
-        f = lambda t: as_float(t, compute_dtype)  # noqa: E731
-        x, dt, A, B, C, D, z, dt_bias, initial_states = map(
-            f, (x, dt, A, B, C, D, z, dt_bias, initial_states))
+        x, dt, A, B, C, D, z, dt_bias = ssm_inputs(x, dt, A, B, C, D, z, dt_bias, compute_dtype)
+        initial_states = as_float(initial_states, compute_dtype)
         batch, seqlen, nheads, headdim = x.shape
-        ngroups, dstate = B.shape[2], B.shape[3]
-        check_shape("dt", dt, (batch, seqlen, nheads))
-        check_shape("A", A, (nheads,))
-        check_shape("B", B, (batch, seqlen, ngroups, dstate))
-        check_shape("C", C, (batch, seqlen, ngroups, dstate))
-        check_shape("z", z, x.shape)
-        check_shape("dt_bias", dt_bias, (nheads,))
-        if D is not None and tuple(D.shape) not in ((nheads,), (nheads, headdim)):
-            raise ValueError(f"D has shape {tuple(D.shape)}, expected ({nheads},) or ({nheads}, {headdim})")
-        if nheads % ngroups:
-            raise ValueError(f"nheads={nheads} is not a multiple of ngroups={ngroups}")
+        dstate = B.shape[3]
         layout = sequence_layout(batch, seqlen, seq_idx, cu_seqlens)
         state_shape = (layout.num_seqs, nheads, headdim, dstate)
         if initial_states is None:

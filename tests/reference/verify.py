@@ -28,7 +28,7 @@ import torch
 
 from ._common import FP64, as_float, as_index, check_shape, round_to
 from .recurrence import Step, run_rows
-from .ssd import DEFAULT_DT_LIMIT, SSMStep
+from .ssd import DEFAULT_DT_LIMIT, SSMStep, ssm_inputs
 
 
 class VerifyResult(NamedTuple):
@@ -175,17 +175,9 @@ def run_compact(step: Step, pool, window: WindowRecord, state_indices, num_accep
 
 def _ssm(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, compute_dtype, pool):
     """Validate verify inputs; return (SSMStep, rows)."""
-    f = lambda t: as_float(t, compute_dtype)  # noqa: E731
-    x, dt, A, B, C, D, z, dt_bias = map(f, (x, dt, A, B, C, D, z, dt_bias))
-    batch, T, nheads, headdim = x.shape
-    ngroups, dstate = B.shape[2], B.shape[3]
-    check_shape("dt", dt, (batch, T, nheads))
-    check_shape("A", A, (nheads,))
-    check_shape("B", B, (batch, T, ngroups, dstate))
-    check_shape("C", C, (batch, T, ngroups, dstate))
-    check_shape("z", z, x.shape)
-    check_shape("dt_bias", dt_bias, (nheads,))
-    check_shape("state_pool", pool, (pool.shape[0], nheads, headdim, dstate))
+    x, dt, A, B, C, D, z, dt_bias = ssm_inputs(x, dt, A, B, C, D, z, dt_bias, compute_dtype)
+    _, _, nheads, headdim = x.shape
+    check_shape("state_pool", pool, (pool.shape[0], nheads, headdim, B.shape[3]))
     rows = {"x": x, "dt": dt, "B": B, "C": C}
     if z is not None:
         rows["z"] = z
