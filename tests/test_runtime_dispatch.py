@@ -64,7 +64,7 @@ def test_param_packer_bytes():
     params = tuple(manifest.Param(**row) for row in c_layout(["p", "n", "s", "f", "g"],
                                                              ["ptr", "i32", "i64", "f32", "i32"]))
     packer = ParamPacker(params)
-    pointers = packer.pack({"p": 0xDEADBEEF00, "n": -3, "s": -(1 << 40), "f": math.inf, "g": 7})
+    pointers = packer.load(packer.pack({"p": 0xDEADBEEF00, "n": -3, "s": -(1 << 40), "f": math.inf, "g": 7}))
     raw = ctypes.string_at(pointers[0], packer.size)
     assert len(raw) == 32  # p@0 n@8 (pad) s@16 f@24 g@28
     assert struct.unpack_from("<Q", raw, 0)[0] == 0xDEADBEEF00
@@ -73,7 +73,7 @@ def test_param_packer_bytes():
     assert struct.unpack_from("<f", raw, 24)[0] == math.inf
     assert struct.unpack_from("<i", raw, 28)[0] == 7
     assert [p - pointers[0] for p in pointers] == [0, 8, 16, 24, 28]
-    assert packer.pack({"p": 1, "n": 2, "s": 3, "f": 4.0, "g": 5})[0] == pointers[0]  # reused per thread
+    assert packer.load(packer.pack({"p": 1, "n": 2, "s": 3, "f": 4.0, "g": 5}))[0] == pointers[0]  # reused per thread
 
 
 @given(st.lists(st.sampled_from(["ptr", "i32", "i64", "f32"]), min_size=1, max_size=30), st.data())
@@ -83,7 +83,7 @@ def test_param_packer_property(kinds, data):
               "i64": st.integers(-2**63, 2**63 - 1), "f32": st.sampled_from([0.0, 1.5, -2.25, math.inf])}
     values = {row["name"]: data.draw(ranges[row["kind"]]) for row in layout}
     packer = ParamPacker(tuple(manifest.Param(**r) for r in layout))  # owns the buffer the pointers point into
-    pointers = packer.pack(values)
+    pointers = packer.load(packer.pack(values))
     codes = {"ptr": "<Q", "i32": "<i", "i64": "<q", "f32": "<f"}
     for row, address in zip(layout, pointers):
         assert struct.unpack(codes[row["kind"]], ctypes.string_at(address, row["size"]))[0] == values[row["name"]]

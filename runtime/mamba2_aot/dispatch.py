@@ -49,7 +49,7 @@ class ParamPacker:
         for p in params:
             fmt.append(f"{p.offset - end}x{_STRUCT_CODES[p.kind]}")
             end = p.offset + p.size
-        self.pack_into = struct.Struct("".join(fmt)).pack_into
+        self.struct = struct.Struct("".join(fmt))
         self.names = tuple(p.name for p in params)
         self.offsets = tuple(p.offset for p in params)
         self.size = max(end, 1)
@@ -62,13 +62,17 @@ class ParamPacker:
         self._per_thread.buffers = buffers = (buffer, kernel_params)
         return buffers
 
-    def pack(self, values: dict):
-        """Pack ``values`` (every parameter name -> value); returns this thread's ``kernelParams`` array."""
+    def pack(self, values: dict) -> bytes:
+        """The parameter bytes for ``values`` (every parameter name -> value)."""
+        return self.struct.pack(*[values[name] for name in self.names])
+
+    def load(self, packed: bytes):
+        """Copy ``packed`` into this thread's buffer; returns its ``kernelParams`` array."""
         try:
             buffer, kernel_params = self._per_thread.buffers
         except AttributeError:
             buffer, kernel_params = self._buffers()
-        self.pack_into(buffer, 0, *[values[name] for name in self.names])
+        ctypes.memmove(buffer, packed, len(packed))
         return kernel_params
 
 
@@ -86,9 +90,16 @@ class LoadedKernel:
         self.attrs, self.num_attrs = driver.launch_attributes(variant.cluster)
         self.packer = ParamPacker(variant.params)
 
-    def launch(self, drv, grid: tuple[int, int, int], params: dict, stream: int) -> None:
-        drv.launch(self.function, grid, self.block, self.smem, stream, self.attrs, self.num_attrs,
-                   self.packer.pack(params))
+    def launch(self, drv, call: BoundCall, stream: int, packed_cache: dict | None) -> None:
+        """Launch ``call`` on ``stream``; ``packed_cache`` (kernel -> bytes) keeps a memoised call's packed
+        parameters, so a repeated call only copies them."""
+        packed = packed_cache.get(self) if packed_cache is not None else None
+        if packed is None:
+            packed = self.packer.pack(call.params)
+            if packed_cache is not None:
+                packed_cache[self] = packed
+        drv.launch(self.function, call.grid, self.block, self.smem, stream, self.attrs, self.num_attrs,
+                   self.packer.load(packed))
 
 
 _kernels: dict[tuple, LoadedKernel] = {}  # (family, constants_key, device) -> LoadedKernel
@@ -123,7 +134,7 @@ def launch(family: str, *, stream=None, **kwargs) -> None:
         obj = kwargs.get(name)
         if obj is not None:
             kwargs[name] = as_device_array(obj, name, dlpack_stream=dlpack_stream)
-    call, variant_key, known_device = _validated(plan, kwargs)
+    call, variant_key, known_device, packed_cache = _validated(plan, kwargs)
     if 0 in call.grid:
         return  # an empty batch or no heads: nothing to compute
     drv = driver.get()
@@ -136,17 +147,18 @@ def launch(family: str, *, stream=None, **kwargs) -> None:
         if kernel is None:
             kernel = load_kernel(drv, plan, call.constants, device, capture_stream=handle)
         _wait_for_producers(drv, call, handle)
-        kernel.launch(drv, call.grid, call.params, handle)
+        kernel.launch(drv, call, handle, packed_cache)
     finally:
         if restore is not None:
             drv.set_current_context(restore)
 
 
-def _validated(plan: LaunchPlan, kwargs: dict) -> tuple[BoundCall, tuple, int | None]:
+def _validated(plan: LaunchPlan, kwargs: dict) -> tuple[BoundCall, tuple, int | None, dict | None]:
     """``plan.bind`` + ``check_call``, remembered for repeated identical calls.
 
-    Returns the call, its variant's lookup key and the arrays' device when every array names it (torch,
-    DLPack; ``None`` when a ``__cuda_array_interface__`` array leaves it to the driver). Validation is a
+    Returns the call, its variant's lookup key, the arrays' device when every array names it (torch,
+    DLPack; ``None`` when a ``__cuda_array_interface__`` array leaves it to the driver) and the memo's
+    cache of packed parameters (``None`` when the call could not be memoised). Validation is a
     pure function of the adapted arguments (pointers, shapes, strides, dtypes, devices, options), so a call
     identical to a recent one reuses its result: serving loops that launch on the same buffers skip most
     of the host work. Unhashable arguments (e.g. a list) just skip the memo. A non-empty call whose
@@ -170,7 +182,7 @@ def _validated(plan: LaunchPlan, kwargs: dict) -> tuple[BoundCall, tuple, int | 
         if 0 not in call.grid:
             manifest.catalog().require_built(plan.family, variant_key)
         devices = {a.device for a in call.inputs + call.outputs}
-        memo = (call, variant_key, devices.pop() if len(devices) == 1 else None)
+        memo = (call, variant_key, devices.pop() if len(devices) == 1 else None, {} if key is not None else None)
         if key is not None:
             if len(_recent_calls) >= _RECENT_CALLS_MAX:
                 _recent_calls.clear()
