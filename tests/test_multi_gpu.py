@@ -20,7 +20,7 @@ def _verify_on(device: str, seed: int):
     """One T = 2 update on ``device``; returns (out, pool, the oracle's result) for checking."""
     case = Case(batch=2, T=2, H=8, G=2, seed=seed)
     case.kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in case.kwargs.items()}
-    pool = case.pool.to(device)
+    pool = case.pool.to(device, copy=True)  # the oracle starts from case.pool: the kernel must not update it
     out = case.out().to(device)
     idx = torch.tensor([3, 7], dtype=torch.int32, device=device)
     _launch("update", case, pool, out, idx)
