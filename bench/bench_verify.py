@@ -185,7 +185,7 @@ def provenance():
         pass
     try:
         info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                        capture_output=True, text=True).stdout.strip()
+                                        capture_output=True, text=True).stdout.split()[0]  # one line per GPU
     except OSError:
         pass
     import mamba2_aot
