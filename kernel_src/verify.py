@@ -75,7 +75,8 @@ class Verify:
     def params(self):
         io, pool = self.io_dtype, self.pool_dtype
         return [
-            ptr("state", pool, align=self.state_align), ptr("x", io), ptr("dt", io), ptr("A", "fp32"), ptr("B", io), ptr("C", io),
+            ptr("state", pool, align=self.state_align), ptr("x", io), ptr("dt", io), ptr("A", "fp32"),
+            ptr("B", io), ptr("C", io),
             ptr("D", "fp32"), ptr("z", io), ptr("dt_bias", "fp32"), ptr("out", io),
             ptr("state_indices", "int32"), ptr("snapshot_indices", "int32"), ptr("num_accepted", "int32"),
             ptr("window_count", "int32"), ptr("window_x", io), ptr("window_B", io), ptr("window_dt", io),
