@@ -131,10 +131,12 @@ def _window(num_slots, capacity, H, P, N, io):
             "window_dt": torch.zeros(num_slots, capacity, H, dtype=dtype, device="cuda")}
 
 
+@pytest.mark.parametrize("P", [64, 128])
 @pytest.mark.parametrize("pool", ["fp32", "bf16"])
-def test_compact_replay_equals_snapshot_bitwise(pool):
-    """Scripted speculative decoding: per call T draft rows, then the caller accepts some of them."""
-    batch, T, H, P, N, G, capacity = 2, 5, 16, 64, 128, 4, 8
+def test_compact_replay_equals_snapshot_bitwise(pool, P):
+    """Scripted speculative decoding: per call T draft rows, then the caller accepts some of them.
+    (P = 128 takes several row passes in both modes, P = 64 one pass in compact mode and two in snapshot.)"""
+    batch, T, H, N, G, capacity = 2, 5, 16, 128, 4, 8
     accepted_script = [3, 0, 2, 0, 0, 1, 5]
     num_slots = 2 + batch * T
     base = Case(batch=batch, T=T, H=H, P=P, N=N, G=G, pool=pool, num_slots=num_slots)
