@@ -130,6 +130,19 @@ class FakeDLPack:
 
 
 # -- cubins and manifests --------------------------------------------------------------------------------
+class OnlyDLPack:
+    """Wraps a framework array so that only the DLPack protocol is visible (no torch fast path, no CAI)."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
 def variant_entry(family, constants, image, *, params, block=(256, 1, 1), cluster=(1, 1, 1), dynamic_smem=32,
                   grid="chunks,batch,heads/4"):
     stem = ".".join([family] + [f"{k}-{constants[k]}" for k in sorted(constants)])

@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 
 import mamba2_aot  # noqa: E402
 import reference  # noqa: E402  (the fp64 oracle, tests/reference)
+from runtime_fakes import OnlyDLPack  # noqa: E402
 from mamba2_aot import (AliasingError, InvalidArgumentError, ShapeError, driver,  # noqa: E402
                         manifest, runtime)
 
@@ -83,16 +84,6 @@ def test_torch_all_built_variants(softplus, dt_limit, bias):
 
 
 def test_plain_dlpack_capsule():
-    class OnlyDLPack:  # hides the torch type: the runtime sees nothing but the DLPack protocol
-        def __init__(self, t):
-            self.t = t
-
-        def __dlpack__(self, **kwargs):
-            return self.t.__dlpack__(**kwargs)
-
-        def __dlpack_device__(self):
-            return self.t.__dlpack_device__()
-
     Q, dtype = built_variants()[0]
     case = make_case(Q=Q, dtype=dtype)
     wrapped = {k: OnlyDLPack(v) if isinstance(v, torch.Tensor) else v for k, v in case.items()}

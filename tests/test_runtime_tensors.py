@@ -12,7 +12,7 @@ from mamba2_aot import ArrayProtocolError, DeviceError, DTypeError, StreamError,
 from mamba2_aot.streams import as_dlpack_stream, default_stream, resolve, stream_handle
 from mamba2_aot.tensors import DeviceArray, as_device_array
 from mamba2_aot.validation import _has_internal_overlap
-from runtime_fakes import FakeCAI, FakeDLPack
+from runtime_fakes import FakeCAI, FakeDLPack, OnlyDLPack
 
 # -- __cuda_array_interface__ -----------------------------------------------------------------------------
 
@@ -201,18 +201,8 @@ def test_torch_cpu_tensor_refused():
 
 def test_torch_cpu_tensor_refused_through_dlpack_too():
     # The same refusal without the torch fast path: only the protocol is visible.
-    class Wrapped:
-        def __init__(self, t):
-            self.t = t
-
-        def __dlpack__(self, **kw):
-            return self.t.__dlpack__(**kw)
-
-        def __dlpack_device__(self):
-            return self.t.__dlpack_device__()
-
     with pytest.raises(DeviceError, match="^dt: .*cpu"):
-        as_device_array(Wrapped(torch.zeros(3)), "dt")
+        as_device_array(OnlyDLPack(torch.zeros(3)), "dt")
 
 
 # -- geometry helpers -------------------------------------------------------------------------------------
