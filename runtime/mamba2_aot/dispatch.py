@@ -36,12 +36,12 @@ _PORTABLE_CLUSTER_SIZE = 8
 
 
 class ParamPacker:
-    """Packs parameter values by name into a buffer at the manifest's offsets (built once per variant).
+    """Packs parameter values by name at the manifest's offsets (built once per variant).
 
-    :meth:`pack` fills a buffer and returns the ``void*[]`` ``kernelParams`` array for
-    ``cuLaunchKernelEx`` (one pointer into the buffer per parameter). Each thread packs into its own
-    buffer, allocated on its first launch and reused afterwards: the driver copies the values during
-    ``cuLaunchKernelEx``, so a buffer is free again when the launch call returns.
+    :meth:`pack` turns the values into bytes; :meth:`load` copies bytes into this thread's buffer and
+    returns the ``void*[]`` ``kernelParams`` array for ``cuLaunchKernelEx`` (one pointer into the buffer
+    per parameter). Each thread has its own buffer, allocated on its first launch and reused afterwards:
+    the driver copies the values during ``cuLaunchKernelEx``, so a buffer is free again when it returns.
     """
 
     def __init__(self, params: tuple[manifest.Param, ...]):

@@ -103,6 +103,17 @@ def expect_float32(name: str, value) -> float:
     return value
 
 
+def record_strides(params: dict, arr: DeviceArray, dims: tuple[str, ...]) -> None:
+    """Record ``stride_<name>_<dim>`` for the dims the kernel takes a stride for.
+
+    Naming one dim fewer than the array has means the kernel assumes the last dim contiguous.
+    """
+    if len(dims) < len(arr.shape) and arr.strides[-1] != 1 and arr.shape[-1] > 1:
+        raise StrideError(arr.name, f"{arr.name}: the last dim must be contiguous (stride 1), got strides "
+                          f"{arr.strides}")
+    params.update(zip((f"stride_{arr.name}_{d}" for d in dims), arr.strides))
+
+
 def check_call(call: BoundCall) -> None:
     """The checks every kernel needs, after the plan's own: see the module docstring."""
     arrays = call.inputs + call.outputs

@@ -26,7 +26,7 @@ import math
 
 from ..errors import ShapeError
 from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_dim, expect_dt_limit, expect_dtype, expect_given,
-                          expect_int, expect_rank, expect_shape)
+                          expect_int, expect_rank, expect_shape, record_strides)
 from .base import LaunchPlan
 
 DT_DTYPES = ("bf16", "fp16", "fp32")
@@ -88,9 +88,9 @@ class ChunkCumsumPlan(LaunchPlan):
             "has_dt_bias": int(dt_bias is not None), "dt_softplus": int(dt_softplus),
             "dt_min": dt_min, "dt_max": dt_max,
         }
-        params.update(zip(("stride_dt_batch", "stride_dt_seqlen", "stride_dt_head"), dt.strides))
+        record_strides(params, dt, ("batch", "seqlen", "head"))
         for out in outputs:
-            params.update(zip((f"stride_{out.name}_{d}" for d in ("batch", "head", "chunk", "pos")), out.strides))
+            record_strides(params, out, ("batch", "head", "chunk", "pos"))
         return BoundCall(
             constants={"chunk_size": chunk_size, "dt_dtype": dt.dtype},
             grid=(nchunks, batch, -(-nheads // HEADS_PER_CTA)),

@@ -49,7 +49,7 @@ import math
 
 from ..errors import AlignmentError, InvalidArgumentError, ShapeError, StrideError
 from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_dim, expect_dt_limit, expect_dtype, expect_given,
-                          expect_rank, expect_shape)
+                          expect_rank, expect_shape, record_strides)
 from .base import LaunchPlan
 
 MODES = ("update", "snapshot", "compact")
@@ -148,14 +148,14 @@ class VerifyPlan(LaunchPlan):
                   "state_indices": state_indices.ptr, "batch": batch, "seqlen": seqlen, "nheads": nheads,
                   "heads_per_group": nheads // ngroups, "num_slots": num_slots,
                   "dt_softplus": int(dt_softplus), "dt_min": dt_min, "dt_max": dt_max}
-        _strides(params, state, ("slot", "head"))
-        _strides(params, x, ("batch", "seqlen", "head"))
-        _strides(params, dt, ("batch", "seqlen", "head"))
-        _strides(params, A, ("head",))
-        _strides(params, B, ("batch", "seqlen", "group"))
-        _strides(params, C, ("batch", "seqlen", "group"))
-        _strides(params, out, ("batch", "seqlen", "head"))
-        _strides(params, state_indices, ("batch",))
+        record_strides(params, state, ("slot", "head"))
+        record_strides(params, x, ("batch", "seqlen", "head"))
+        record_strides(params, dt, ("batch", "seqlen", "head"))
+        record_strides(params, A, ("head",))
+        record_strides(params, B, ("batch", "seqlen", "group"))
+        record_strides(params, C, ("batch", "seqlen", "group"))
+        record_strides(params, out, ("batch", "seqlen", "head"))
+        record_strides(params, state_indices, ("batch",))
 
         optional = {"D": None, "z": None, "dt_bias": None, "rejected": None}
         if D is not None:
@@ -165,17 +165,17 @@ class VerifyPlan(LaunchPlan):
                 params.update(stride_D_head=D.strides[0], stride_D_dim=0)
             else:
                 expect_shape(D, (nheads, headdim), "(nheads,) or (nheads, headdim)")
-                _strides(params, D, ("head", "dim"))
+                record_strides(params, D, ("head", "dim"))
         if z is not None:
             optional["z"] = z
             expect_dtype(z, io)
             expect_shape(z, x.shape, "(batch, T, nheads, headdim) of x")
-            _strides(params, z, ("batch", "seqlen", "head"))
+            record_strides(params, z, ("batch", "seqlen", "head"))
         if dt_bias is not None:
             optional["dt_bias"] = dt_bias
             expect_dtype(dt_bias, ("fp32",))
             expect_shape(dt_bias, (nheads,), "(nheads,)")
-            _strides(params, dt_bias, ("head",))
+            record_strides(params, dt_bias, ("head",))
         if rejected is not None:
             optional["rejected"] = rejected
             expect_dtype(rejected, ("int32",))
@@ -194,13 +194,13 @@ class VerifyPlan(LaunchPlan):
         if mode == "snapshot":
             expect_dtype(snapshot_indices, ("int32",))
             expect_shape(snapshot_indices, (batch, seqlen), "(batch, T)")
-            _strides(params, snapshot_indices, ("batch", "seqlen"))
+            record_strides(params, snapshot_indices, ("batch", "seqlen"))
             params["snapshot_indices"] = snapshot_indices.ptr
             inputs.append(snapshot_indices)
         if mode == "compact":
             expect_dtype(num_accepted, ("int32",))
             expect_shape(num_accepted, (batch,), "(batch,)")
-            _strides(params, num_accepted, ("batch",))
+            record_strides(params, num_accepted, ("batch",))
             params["num_accepted"] = num_accepted.ptr
             inputs.append(num_accepted)
             window = {"window_count": window_count, "window_x": window_x, "window_B": window_B,
@@ -218,7 +218,7 @@ class VerifyPlan(LaunchPlan):
             for name, dims in (("window_count", ("slot", "head")), ("window_x", ("slot", "row", "head")),
                                ("window_B", ("slot", "row", "head")), ("window_dt", ("slot", "row", "head"))):
                 arr = window[name]
-                _strides(params, arr, dims)
+                record_strides(params, arr, dims)
                 params[name] = arr.ptr
                 outputs.append(arr)
         params["window_capacity"] = capacity
@@ -239,17 +239,6 @@ class VerifyPlan(LaunchPlan):
             inputs=tuple(inputs),
             outputs=tuple(outputs),
         )
-
-
-def _strides(params: dict, arr, dims: tuple[str, ...]) -> None:
-    """Record ``stride_<name>_<dim>`` for the dims the kernel takes a stride for.
-
-    Naming one dim fewer than the array has means the kernel assumes the last dim contiguous.
-    """
-    if len(dims) < len(arr.shape) and arr.strides[-1] != 1 and arr.shape[-1] > 1:
-        raise StrideError(arr.name, f"{arr.name}: the last dim must be contiguous (stride 1), got strides "
-                          f"{arr.strides}")
-    params.update(zip((f"stride_{arr.name}_{d}" for d in dims), arr.strides))
 
 
 def _expect_mode_args(mode: str, **given) -> None:
