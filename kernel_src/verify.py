@@ -33,7 +33,6 @@ from kernel_src.abi import bind, cutlass_dtype, f32, i32, i64, ptr
 from kernel_src.ssm_math import delta_from_dt, silu
 
 WARP = 32
-ROW_BITS = {1: 0, 2: 1, 4: 2, 8: 3, 16: 4, 32: 5}  # log2 of a warp's rows
 # State values a lane keeps in registers (rows_per_warp × N / 32) and warps per CTA: larger states take
 # several row passes. Measured on the H200 (bench/bench_verify.py, H128 P64 N128): 16 values and 8 warps
 # decode batch 64 in 142 µs; 16 × 16 warps took 221 µs and 32 × 8 warps 165 µs (fewer CTAs per SM).
@@ -68,6 +67,7 @@ class Verify:
         rows_per_lane = headdim // self.num_warps
         self.row_passes = max(1, rows_per_lane * self.cols_per_lane // state_regs)
         self.rows_per_warp = rows_per_lane // self.row_passes
+        self.row_bits = self.rows_per_warp.bit_length() - 1  # log2: rows_per_warp is a power of two
         self.block = (self.num_warps * WARP, 1, 1)
         # 3 CTAs per SM cap a thread at 80 registers; the compact fold, and lanes with 8 columns (N = 256: twice
         # the B and C values in flight), need more and get 2.
@@ -213,7 +213,7 @@ class Verify:
                     for j in cutlass.range_constexpr(V):
                         sums[r] = cute.math.fma(st[r, j], cur_C[j].to(Float32), sums[r])
                 # Each lane finishes one row: the row totals land on lanes (row - row0) * 32 / R and up.
-                row = row0 + (lane >> (5 - ROW_BITS[R]))
+                row = row0 + (lane >> (5 - self.row_bits))
                 y = self._reduce_rows(sums, lane)
                 if a.has_D != 0:  # D and x re-read here: L1 hits, where holding them would cost registers
                     y = cute.math.fma(D[h, row], x[b, t, h, row].to(Float32), y)
@@ -275,7 +275,7 @@ class Verify:
         single values, instead of 5 shuffles for every row. The order of additions is fixed (deterministic).
         """
         R = self.rows_per_warp
-        for level in cutlass.range_constexpr(ROW_BITS[R]):
+        for level in cutlass.range_constexpr(self.row_bits):
             offset, half = 16 >> level, R >> (level + 1)
             upper = (lane & offset) != 0
             for k in cutlass.range_constexpr(half):
@@ -283,7 +283,7 @@ class Verify:
                 keep = Float32(cutlass.select_(upper, sums[k + half], sums[k]))
                 sums[k] = keep + cute.arch.shuffle_sync_bfly(send, offset)
         total = sums[0]
-        for level in cutlass.range_constexpr(ROW_BITS[R], 5):
+        for level in cutlass.range_constexpr(self.row_bits, 5):
             total = total + cute.arch.shuffle_sync_bfly(total, 16 >> level)
         return total
 
