@@ -13,53 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import multiprocessing
-import os
-import platform
-import subprocess
-import sys
 
 import torch
+
+from common import baseline_in_child, copy_bandwidth, graph_time_us, provenance
 
 H, P, N, G = 128, 64, 128, 8
 BATCHES = (1, 8, 64, 256)
 TS = (1, 4, 8)
 L2_FLUSH_BYTES = 240e6  # distinct pools per graph until one replay touches 4x the H200's 60 MB L2
-REPLAYS = 20
-
-
-def graph_time_us(fn, launches_per_graph: int) -> float:
-    """Median device time of one ``fn`` call, from replays of a CUDA graph of ``launches_per_graph`` calls."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn(0)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for i in range(launches_per_graph):
-            fn(i)
-    times = []
-    for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / launches_per_graph)
-    times.sort()
-    return times[len(times) // 2]
-
-
-def copy_bandwidth() -> float:
-    """Bytes/s of a large copy done by SM threads (read + write counted): the roofline's bandwidth.
-
-    (An elementwise kernel, not copy_: a same-dtype device-to-device copy_ may go to the copy engines,
-    which measured 2.8 TB/s on the H200, below what SM kernels reach.)"""
-    a = torch.empty(512 * 1024**2, dtype=torch.float32, device="cuda")
-    b = torch.empty_like(a)
-    t = graph_time_us(lambda i: torch.mul(a, 1.0, out=b), 4)
-    return 2 * a.numel() * a.element_size() / (t * 1e-6)
 
 
 def inputs(batch, T, seed=0):
@@ -140,59 +102,6 @@ def bench_triton(batch, T):
     return graph_time_us(run, rotate)
 
 
-def _baseline_worker(batch, T, queue):
-    try:
-        queue.put(bench_triton(batch, T))
-    except ImportError:
-        queue.put(float("nan"))
-
-
-def baseline_in_child(batch, T) -> float:
-    """Triton's time in a fresh process: a CUDA error there (it raised cudaErrorInvalidAddressSpace at
-    batch 256, T >= 4 under graph capture on the H200) must not poison this process's context."""
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    child = ctx.Process(target=_baseline_worker, args=(batch, T, queue))
-    child.start()
-    child.join()
-    if child.exitcode != 0 or queue.empty():
-        print(f"  (Triton baseline failed at batch {batch}, T {T}: exit code {child.exitcode})", flush=True)
-        return float("nan")
-    return queue.get()
-
-
-def provenance():
-    """GPU, driver and package versions, the git revision, and the command (file names only, no local paths).
-
-    Where the tree was copied without its .git (a lent GPU machine), the revision comes from the
-    MAMBA2_AOT_GIT_REVISION / MAMBA2_AOT_GIT_DIRTY variables the caller sets."""
-    def git(*args):
-        try:
-            return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return None
-    revision = git("rev-parse", "HEAD")
-    dirty = bool(git("status", "--porcelain")) if revision else os.environ.get("MAMBA2_AOT_GIT_DIRTY") == "1"
-    props = torch.cuda.get_device_properties(0)
-    info = {"gpu": props.name, "sm_count": props.multi_processor_count, "torch": torch.__version__,
-            "cuda": torch.version.cuda, "python": platform.python_version(),
-            "git_revision": revision or os.environ.get("MAMBA2_AOT_GIT_REVISION"), "git_dirty": dirty,
-            "command": " ".join(os.path.basename(a) if os.path.isabs(a) else a for a in sys.argv)}
-    try:
-        import triton
-        info["triton"] = triton.__version__
-    except ImportError:
-        pass
-    try:
-        info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                        capture_output=True, text=True).stdout.split()[0]  # one line per GPU
-    except OSError:
-        pass
-    import mamba2_aot
-    info["mamba2_aot"] = mamba2_aot.__version__
-    return info
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--json")
@@ -209,7 +118,7 @@ def main():
     for batch in args.batches:
         for T in args.ts:
             ours = bench_ours(batch, T, bw)
-            triton_us = float("nan") if args.no_baseline else baseline_in_child(batch, T)
+            triton_us = float("nan") if args.no_baseline else baseline_in_child(bench_triton, batch, T)
             row = {"batch": batch, "T": T, "triton_us": triton_us, **{f"{k}": v for k, v in ours.items()}}
             results["rows"].append(row)
             u, s, c = ours["update"], ours["snapshot"], ours["compact"]

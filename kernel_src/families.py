@@ -10,6 +10,7 @@ import itertools
 # family name -> "module:Class" in kernel_src (imported lazily: importing the DSL takes ~0.6 s)
 FAMILIES = {
     "ssd_chunk_cumsum": "kernel_src.ssd_chunk_cumsum:ChunkCumsum",
+    "ssd_fwd": "kernel_src.ssd_fwd:SsdForward",
     "verify": "kernel_src.verify:Verify",
 }
 

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from .base import LaunchPlan
 from .ssd_chunk_cumsum import ChunkCumsumPlan
+from .ssd_fwd import SsdForwardPlan
 from .verify import VerifyPlan
 
-PLANS: dict[str, LaunchPlan] = {plan.family: plan for plan in (ChunkCumsumPlan(), VerifyPlan())}
+PLANS: dict[str, LaunchPlan] = {plan.family: plan for plan in (ChunkCumsumPlan(), SsdForwardPlan(), VerifyPlan())}
 
 __all__ = ["PLANS", "LaunchPlan"]

@@ -1,0 +1,647 @@
+"""ssd_fwd: the Mamba-2 chunked SSD forward (prefill, training forward) on tensor cores.
+
+Math (BRIEF §2; the SSD paper's chunked form, arXiv:2405.21060 §6). Per head h, for a block of 64 tokens
+with Δ_t = clamp(softplus?(dt_t + dt_bias[h]), lo, hi) and cs_t = Σ_{s ≤ t in block} Δ_s·A[h]·log2(e)::
+
+    S[t, s]  = (C_t · B_s) · 2^(cs_t - cs_s) · Δ_s                        s ≤ t, same sequence
+    y_t      = Σ_s S[t, s] · x_s  +  2^(cs_t - cs_0-) · (C_t · h_0)  (+ D ⊙ x_t);   out_t = y_t · silu(z_t)
+    h_end    = 2^(cs_end - cs_0-) · h_0  +  Σ_s 2^(cs_end - cs_s) · Δ_s · x_s ⊗ B_s
+
+where h_0 is the state entering the block (the previous block's end state, or the sequence's initial state
+at a sequence start) and cs_0- the cumsum just before the block's first token of that sequence. Every
+exponent is clamped at 0 (cs is non-increasing for A ≤ 0), so nothing overflows; tokens outside the
+sequence are selected out, never multiplied by 0.
+
+One CTA owns one (64-row slice of P, head, sequence source) and walks its tokens in blocks of 64 aligned
+to the row, carrying the fp32 state h (64 × N) in the MMA accumulators; the next block's x, B, C are
+loaded (cp.async) while the current one is computed. The products C·Bᵀ, S·x, C·h₀ᵀ and (Δ-weighted x)ᵀ·B
+are bf16/fp16 warp MMAs (mma.sync m16n8k16, sm_80 and later) with fp32 accumulation; h is rounded to the
+I/O dtype only as an MMA operand for the C·h₀ᵀ term (as in the Triton kernels), never in the carried state.
+No per-chunk state goes through HBM and there is no workspace.
+
+Sequence sources (the CTA's z index): row z of a (batch, L) input; sequence z of ``cu_seqlens`` (B == 1);
+or row z split at every change of ``seq_idx`` (blocks holding a sequence start are processed once per
+sequence run). The chunk size Q only says where ``chunk_states`` are taken (after the last token of every
+Q-token chunk of the row, Q a multiple of 64): the algorithm's own block is always 64 tokens.
+"""
+
+# (no "from __future__ import annotations": cute.struct reads its field annotations as live objects)
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync, warp
+
+from kernel_src.abi import bind, cutlass_dtype, f32, i32, i64, ptr
+from kernel_src.ssm_math import delta_from_dt, silu
+
+TILE = 64        # tokens per block: the M and K extent of the intra-block products
+P_TILE = 64      # head-dim rows per CTA
+NUM_WARPS = 8    # MMA warps as 4 (M) × 2 (N)
+THREADS = NUM_WARPS * 32
+LOG2_E = math.log2(math.e)
+VECTOR = 8       # 16-byte cp.async of 16-bit elements: the runtime checks strides and bases for it
+SMEM_ALIGN = 128
+
+
+class SsdForward:
+    family = "ssd_fwd"
+    grid_rule = "headdim/64,heads,sequences"
+    headdims = (64, 128)
+    d_states = (64, 128, 256)
+    io_dtypes = ("bf16", "fp16")
+    state_dtypes = ("fp32", "bf16", "fp16")
+
+    def __init__(self, headdim: int, d_state: int, io_dtype: str, state_dtype: str):
+        for name, value, allowed in (("headdim", headdim, self.headdims), ("d_state", d_state, self.d_states),
+                                     ("io_dtype", io_dtype, self.io_dtypes),
+                                     ("state_dtype", state_dtype, self.state_dtypes)):
+            if value not in allowed:
+                raise ValueError(f"{name} {value!r} not in {allowed}")
+        self.headdim, self.d_state, self.io_dtype, self.state_dtype = headdim, d_state, io_dtype, state_dtype
+        self.block = (THREADS, 1, 1)
+        self.cluster = (1, 1, 1)
+        self.dynamic_smem = sum(_aligned(n * size) for n, size in self._smem_buffers())
+        self.min_ctas_per_sm = 1
+
+    def _smem_buffers(self):
+        """(elements, bytes per element) of every shared buffer, in SharedStorage order."""
+        N = self.d_state
+        return [(2 * TILE * P_TILE, 2), (2 * TILE * P_TILE, 2),                 # x, z: two stages
+                (2 * TILE * N, 2), (2 * TILE * N, 2),                           # B, C: two stages
+                (TILE * TILE, 2), (P_TILE * TILE, 2), (P_TILE * N, 2),          # S, weighted xᵀ, h₀
+                (TILE, 4), (TILE, 4), (2, 4)]                                   # Δ, cs, sequence changes
+
+    def params(self):
+        io, st = self.io_dtype, self.state_dtype
+        vec = 2 * VECTOR
+        return [
+            ptr("x", io, align=vec), ptr("dt", io), ptr("A", "fp32"), ptr("B", io, align=vec), ptr("C", io, align=vec),
+            ptr("D", "fp32"), ptr("z", io, align=vec), ptr("dt_bias", "fp32"), ptr("out", io),
+            ptr("initial_states", st), ptr("initial_state_indices", "int32"),
+            ptr("final_states", st), ptr("final_state_indices", "int32"),
+            ptr("chunk_states", "fp32"), ptr("seq_idx", "int32"), ptr("cu_seqlens", "int32"),
+            i32("batch"), i32("seqlen"), i32("nheads"), i32("heads_per_group"), i32("num_seqs"),
+            i32("num_initial_slots"), i32("num_final_slots"), i32("chunk_size"), i32("nchunks"),
+            i64("stride_x_batch"), i64("stride_x_seqlen"), i64("stride_x_head"),
+            i64("stride_dt_batch"), i64("stride_dt_seqlen"), i64("stride_dt_head"),
+            i64("stride_A_head"),
+            i64("stride_B_batch"), i64("stride_B_seqlen"), i64("stride_B_group"),
+            i64("stride_C_batch"), i64("stride_C_seqlen"), i64("stride_C_group"),
+            i64("stride_D_head"), i64("stride_D_dim"),
+            i64("stride_z_batch"), i64("stride_z_seqlen"), i64("stride_z_head"),
+            i64("stride_dt_bias_head"),
+            i64("stride_out_batch"), i64("stride_out_seqlen"), i64("stride_out_head"),
+            i64("stride_initial_states_slot"), i64("stride_initial_states_head"),
+            i64("stride_initial_state_indices_seq"),
+            i64("stride_final_states_slot"), i64("stride_final_states_head"),
+            i64("stride_final_state_indices_seq"),
+            i64("stride_chunk_states_batch"), i64("stride_chunk_states_chunk"), i64("stride_chunk_states_head"),
+            i64("stride_seq_idx_batch"), i64("stride_seq_idx_seqlen"),
+            i64("stride_cu_seqlens_seq"),
+            i32("has_D"), i32("has_z"), i32("has_dt_bias"), i32("dt_softplus"),
+            i32("has_initial_states"), i32("has_initial_state_indices"),
+            i32("has_final_states"), i32("has_final_state_indices"),
+            i32("has_chunk_states"), i32("has_seq_idx"), i32("has_cu_seqlens"),
+            f32("dt_min"), f32("dt_max"),
+        ]
+
+    @cute.jit
+    def __call__(self, args: tuple, stream):
+        a = bind(self.params(), args)
+        # The grid here only serves the compile: the runtime's plan launches z = batch rows, or one z per
+        # sequence with cu_seqlens (grid rule "headdim/64,heads,sequences").
+        self.kernel(args).launch(grid=[self.headdim // P_TILE, a.nheads, a.batch], block=list(self.block),
+                                 smem=self.dynamic_smem, stream=stream, min_blocks_per_mp=self.min_ctas_per_sm,
+                                 preferred_smem_carveout=0)
+
+    @cute.kernel
+    def kernel(self, args: tuple):
+        a = bind(self.params(), args)
+        P, N = self.headdim, self.d_state
+        io_type, state_type = cutlass_dtype(self.io_dtype), cutlass_dtype(self.state_dtype)
+        ptile, h, source = cute.arch.block_idx()
+        tid, _, _ = cute.arch.thread_idx()
+        warp_id = cute.arch.warp_idx()
+        lane = cute.arch.lane_idx()
+        L, H = a.seqlen, a.nheads
+        G = H // a.heads_per_group
+        g = h // a.heads_per_group
+        p0 = ptile * P_TILE
+
+        def view(pointer, shape, *strides):
+            return cute.make_tensor(pointer, cute.make_layout(shape, stride=strides))
+
+        def vec(stride):  # the runtime checks that cp.async operands' strides are multiples of VECTOR elements
+            return cute.assume(stride, divby=VECTOR)
+
+        x = view(a.x, (a.batch, L, H, P), vec(a.stride_x_batch), vec(a.stride_x_seqlen), vec(a.stride_x_head), 1)
+        z = view(a.z, (a.batch, L, H, P), vec(a.stride_z_batch), vec(a.stride_z_seqlen), vec(a.stride_z_head), 1)
+        Bm = view(a.B, (a.batch, L, G, N), vec(a.stride_B_batch), vec(a.stride_B_seqlen), vec(a.stride_B_group), 1)
+        Cm = view(a.C, (a.batch, L, G, N), vec(a.stride_C_batch), vec(a.stride_C_seqlen), vec(a.stride_C_group), 1)
+        dt = view(a.dt, (a.batch, L, H), a.stride_dt_batch, a.stride_dt_seqlen, a.stride_dt_head)
+        out = view(a.out, (a.batch, L, H, P), a.stride_out_batch, a.stride_out_seqlen, a.stride_out_head, 1)
+        D = view(a.D, (H, P), a.stride_D_head, a.stride_D_dim)
+        seq_idx = view(a.seq_idx, (a.batch, L), a.stride_seq_idx_batch, a.stride_seq_idx_seqlen)
+        states = SimpleStates(
+            initial=view(a.initial_states, (a.num_initial_slots, H, P, N), a.stride_initial_states_slot,
+                         a.stride_initial_states_head, N, 1),
+            initial_indices=view(a.initial_state_indices, (a.num_seqs,), a.stride_initial_state_indices_seq),
+            final=view(a.final_states, (a.num_final_slots, H, P, N), a.stride_final_states_slot,
+                       a.stride_final_states_head, N, 1),
+            final_indices=view(a.final_state_indices, (a.num_seqs,), a.stride_final_state_indices_seq),
+            chunks=view(a.chunk_states, (a.batch, a.nchunks, H, P, N), a.stride_chunk_states_batch,
+                        a.stride_chunk_states_chunk, a.stride_chunk_states_head, N, 1),
+        )
+
+        # This CTA's tokens: [start, end) of one row, and the number of its first sequence.
+        row = source
+        start = Int32(0)
+        end = L
+        seq = source
+        if a.has_cu_seqlens != 0:
+            cu = view(a.cu_seqlens, (a.num_seqs + 1,), a.stride_cu_seqlens_seq)
+            row = Int32(0)
+            start = cute.math.min(cute.math.max(cu[source], Int32(0)), L)
+            end = cute.math.min(cute.math.max(cu[source + 1], start), L)
+        if a.has_seq_idx != 0:
+            seq = Int32(0)  # sequences of a seq_idx row are numbered from 0 (the runtime allows states only at B == 1)
+
+        storage = cutlass.utils.SmemAllocator().allocate(self._shared_storage(io_type))
+        sX = storage.x.get_tensor(_smem_layout((TILE, P_TILE, 2)))
+        sZ = storage.z.get_tensor(_smem_layout((TILE, P_TILE, 2)))
+        sB = storage.B.get_tensor(_smem_layout((TILE, N, 2)))
+        sC = storage.C.get_tensor(_smem_layout((TILE, N, 2)))
+        sS = storage.S.get_tensor(_smem_layout((TILE, TILE)))
+        sXw = storage.xw.get_tensor(_smem_layout((P_TILE, TILE)))
+        sH = storage.h.get_tensor(_smem_layout((P_TILE, N)))
+        sDelta = storage.delta.get_tensor(cute.make_layout((TILE,)))
+        sCs = storage.cs.get_tensor(cute.make_layout((TILE,)))
+        sChanges = storage.changes.get_tensor(cute.make_layout((2,)))
+
+        tiled_mma = cute.make_tiled_mma(warp.MmaF16BF16Op(io_type, Float32, (16, 8, 16)), cute.make_layout((4, 2, 1)),
+                                        permutation_mnk=(64, 32, 16))
+        mma = MmaParts(tiled_mma, tid, io_type)
+        g2s = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), io_type,
+                                num_bits_per_copy=128),
+            cute.make_layout((THREADS // 8, 8), stride=(8, 1)), cute.make_layout((1, VECTOR)))
+        gx = x[row, None, h, None]
+        gz = z[row, None, h, None]
+        gB = Bm[row, None, g, None]
+        gC = Cm[row, None, g, None]
+        ident_x = cute.make_identity_tensor((L, P))
+        ident_BC = cute.make_identity_tensor((L, N))
+
+        A_log2 = view(a.A, (H,), a.stride_A_head)[h] * Float32(LOG2_E)
+        bias = Float32(0.0)
+        if a.has_dt_bias != 0:
+            bias = view(a.dt_bias, (H,), a.stride_dt_bias_head)[h]
+
+        # D of the thread's output columns, held for the whole walk (zero without D)
+        y_coords = _mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P_TILE))))
+        D_cols = cute.make_rmem_tensor((cute.size(y_coords, mode=[1]),), Float32)
+        for c in cutlass.range_constexpr(cute.size(D_cols)):
+            D_cols[c] = Float32(0.0)
+            if a.has_D != 0:
+                D_cols[c] = D[h, p0 + y_coords[0, c][1]]
+
+        blk_first = start // TILE
+        blk_end = (end + TILE - 1) // TILE
+        if end <= start:
+            blk_end = blk_first
+
+        acc_h = cute.make_rmem_tensor(mma.thr.partition_shape_C((P_TILE, N)), Float32)
+        self._begin_sequence(a, states, mma, acc_h, sH, seq, h, p0, io_type)
+        if blk_first < blk_end:
+            self._load_block(a, g2s, tid, gx, gz, gB, gC, ident_x, ident_BC, sX, sZ, sB, sC, blk_first, Int32(0), ptile,
+                             L)
+        cute.arch.cp_async_commit_group()
+
+        # Warp 0 keeps the raw dt (and seq_idx) of the next block in registers: rows lane and lane + 32.
+        dt_next0 = Float32(0.0)
+        dt_next1 = Float32(0.0)
+        seq_next0 = Int32(0)
+        seq_next1 = Int32(0)
+        prev_seq = Int32(0)
+        if warp_id == 0:
+            if a.has_seq_idx != 0:
+                if start < L:
+                    prev_seq = seq_idx[row, start]
+            dt_next0, dt_next1, seq_next0, seq_next1 = self._load_raw(a, dt, seq_idx, row, h, blk_first, lane, L)
+
+        for blk in range(blk_first, blk_end):
+            stage = (blk - blk_first) % 2
+            if warp_id == 0:
+                prev_seq = self._scan_block(a, dt_next0, dt_next1, seq_next0, seq_next1, prev_seq, blk, start, end,
+                                            bias, A_log2, sDelta, sCs, sChanges, lane)
+                dt_next0, dt_next1, seq_next0, seq_next1 = self._load_raw(a, dt, seq_idx, row, h, blk + 1, lane, L)
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.sync_threads()
+            if blk + 1 < blk_end:
+                self._load_block(a, g2s, tid, gx, gz, gB, gC, ident_x, ident_BC, sX, sZ, sB, sC, blk + 1, 1 - stage,
+                                 ptile, L)
+            cute.arch.cp_async_commit_group()
+
+            changes_lo = sChanges[0]
+            changes_hi = sChanges[1]
+            block_start = blk * TILE
+            seg = cute.math.max(start, block_start) - block_start
+            seg_stop = cute.math.min(end, block_start + TILE) - block_start
+            while seg < seg_stop:
+                seg_end = cute.math.min(_next_change(changes_lo, changes_hi, seg), seg_stop)
+                if _bit(changes_lo, changes_hi, seg) != 0:
+                    self._end_sequence(a, states, mma, acc_h, seq, h, p0, state_type)
+                    seq = seq + 1
+                    self._begin_sequence(a, states, mma, acc_h, sH, seq, h, p0, io_type)
+                cute.arch.sync_threads()  # h₀ in shared memory, and every warp done with the last segment
+                self._segment(a, mma, acc_h, sX[None, None, stage], sB[None, None, stage], sC[None, None, stage],
+                              sZ[None, None, stage], sS, sXw, sH, sDelta, sCs, D_cols, out, row, h, p0, block_start,
+                              seg, seg_end, tid, L, io_type)
+                seg = seg_end
+
+            if a.has_chunk_states != 0:
+                last = block_start + seg_stop - 1
+                chunk = last // a.chunk_size
+                if last == cute.math.min(chunk * a.chunk_size + a.chunk_size - 1, L - 1):
+                    self._store_state(states.chunks[row, chunk, h, None, None], mma, acc_h, p0, Float32)
+
+        self._end_sequence(a, states, mma, acc_h, seq, h, p0, state_type)
+
+    def _shared_storage(self, io_type):
+        N = self.d_state
+
+        @cute.struct
+        class SharedStorage:
+            x: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * P_TILE], SMEM_ALIGN]
+            z: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * P_TILE], SMEM_ALIGN]
+            B: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * N], SMEM_ALIGN]
+            C: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * N], SMEM_ALIGN]
+            S: cute.struct.Align[cute.struct.MemRange[io_type, TILE * TILE], SMEM_ALIGN]
+            xw: cute.struct.Align[cute.struct.MemRange[io_type, P_TILE * TILE], SMEM_ALIGN]
+            h: cute.struct.Align[cute.struct.MemRange[io_type, P_TILE * N], SMEM_ALIGN]
+            delta: cute.struct.Align[cute.struct.MemRange[Float32, TILE], SMEM_ALIGN]
+            cs: cute.struct.Align[cute.struct.MemRange[Float32, TILE], SMEM_ALIGN]
+            changes: cute.struct.Align[cute.struct.MemRange[Int32, 2], SMEM_ALIGN]
+
+        if SharedStorage.size_in_bytes() > self.dynamic_smem:
+            raise ValueError(f"shared storage {SharedStorage.size_in_bytes()} B exceeds the declared "
+                             f"{self.dynamic_smem} B")
+        return SharedStorage
+
+    @cute.jit
+    def _load_block(self, a, g2s, tid, gx, gz, gB, gC, ident_x, ident_BC, sX, sZ, sB, sC, blk, stage, ptile, L):
+        """cp.async the block's x and z (their P slice), B and C rows into a stage; rows past L become zeros."""
+        thr = g2s.get_slice(tid)
+        self._load_tile(g2s, thr, gx, ident_x, sX[None, None, stage], (TILE, P_TILE), (blk, ptile), L)
+        if a.has_z != 0:
+            self._load_tile(g2s, thr, gz, ident_x, sZ[None, None, stage], (TILE, P_TILE), (blk, ptile), L)
+        self._load_tile(g2s, thr, gB, ident_BC, sB[None, None, stage], (TILE, self.d_state), (blk, 0), L)
+        self._load_tile(g2s, thr, gC, ident_BC, sC[None, None, stage], (TILE, self.d_state), (blk, 0), L)
+
+    @cute.jit
+    def _load_tile(self, g2s, thr, src, ident, dst, tile, coord, L):
+        src_part = thr.partition_S(cute.local_tile(src, tile, coord))
+        coords = thr.partition_S(cute.local_tile(ident, tile, coord))
+        dst_part = thr.partition_D(dst)
+        for m in cutlass.range_constexpr(cute.size(dst_part.shape[1])):
+            if cute.elem_less(coords[0, m, 0][0], L):
+                cute.copy(g2s, src_part[None, m, None], dst_part[None, m, None])
+            else:
+                dst_part[None, m, None].fill(0)
+
+    @cute.jit
+    def _load_raw(self, a, dt, seq_idx, row, h, blk, lane, L):
+        """Warp 0: the raw dt and seq_idx of a block's rows lane and lane + 32 (zeros past L)."""
+        dt0 = Float32(0.0)
+        dt1 = Float32(0.0)
+        s0 = Int32(0)
+        s1 = Int32(0)
+        tok = blk * TILE + lane
+        if tok < L:
+            dt0 = dt[row, tok, h].to(Float32)
+            if a.has_seq_idx != 0:
+                s0 = seq_idx[row, tok]
+        if tok + 32 < L:
+            dt1 = dt[row, tok + 32, h].to(Float32)
+            if a.has_seq_idx != 0:
+                s1 = seq_idx[row, tok + 32]
+        return dt0, dt1, s0, s1
+
+    @cute.jit
+    def _scan_block(self, a, dt0, dt1, s0, s1, prev_seq, blk, start, end, bias, A_log2, sDelta, sCs, sChanges,
+                    lane):
+        """Warp 0: Δ and the inclusive cumsum of Δ·A·log2(e) of the block's 64 rows (Δ = 0 outside [start, end)),
+        and the bit mask of rows where seq_idx changes. Returns the seq_idx of the block's last row."""
+        tok0 = blk * TILE + lane
+        tok1 = tok0 + 32
+        d0 = Float32(0.0)
+        d1 = Float32(0.0)
+        if tok0 >= start:
+            if tok0 < end:
+                d0 = delta_from_dt(dt0, bias, a.dt_softplus, a.dt_min, a.dt_max)
+        if tok1 >= start:
+            if tok1 < end:
+                d1 = delta_from_dt(dt1, bias, a.dt_softplus, a.dt_min, a.dt_max)
+        c0 = d0 * A_log2
+        c1 = d1 * A_log2
+        for level in cutlass.range_constexpr(5):
+            offset = 1 << level
+            up0 = cute.arch.shuffle_sync_up(c0, offset)
+            up1 = cute.arch.shuffle_sync_up(c1, offset)
+            if lane >= offset:
+                c0 = c0 + up0
+                c1 = c1 + up1
+        c1 = c1 + cute.arch.shuffle_sync(c0, 31)
+        # The tree scan adds in a different order on every lane, so across a run of Δ = 0 the cumsums could
+        # differ by rounding, and 2^(cs_t - cs_s) would not be exactly 1 there (with |Δ·A| ~ 1e6 the error is
+        # ~2^3). Each row therefore takes the cumsum of the last row at or before it whose Δ·A is non-zero.
+        c0, c1 = _hold_over_zero_runs(c0, c1, d0 * A_log2 != Float32(0.0), d1 * A_log2 != Float32(0.0), lane)
+        sDelta[lane] = d0
+        sDelta[lane + 32] = d1
+        sCs[lane] = c0
+        sCs[lane + 32] = c1
+
+        last0 = cute.arch.shuffle_sync(s0, 31)
+        before0 = cute.arch.shuffle_sync_up(s0, 1)
+        before1 = cute.arch.shuffle_sync_up(s1, 1)
+        if lane == 0:
+            before0 = prev_seq
+            before1 = last0
+        change0 = Int32(0)
+        change1 = Int32(0)
+        if tok0 < end:
+            if s0 != before0:
+                change0 = Int32(1)
+        if tok1 < end:
+            if s1 != before1:
+                change1 = Int32(1)
+        lo = cute.arch.vote_ballot_sync(change0 != 0)
+        hi = cute.arch.vote_ballot_sync(change1 != 0)
+        if lane == 0:
+            sChanges[0] = Int32(lo)
+            sChanges[1] = Int32(hi)
+        return cute.arch.shuffle_sync(s1, 31)
+
+    @cute.jit
+    def _segment(self, a, mma, acc_h, sX, sB, sC, sZ, sS, sXw, sH, sDelta, sCs, D_cols, out, row, h, p0, block_start,
+                 s0, s1, tid, L, io_type):
+        """Rows [s0, s1) of the block (one sequence): outputs, and h advanced past them.
+
+        Everything per row or per column of a thread's accumulator fragment (cumsums, Δ, D) is read once,
+        and masks are selects, so the shared-memory reads of a phase are all in flight together."""
+        N = self.d_state
+        acc_s = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
+        acc_y = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P_TILE)), Float32)
+        acc_s.fill(0.0)
+        acc_y.fill(0.0)
+        # C·Bᵀ and C·h₀ᵀ share the C fragments (K = N)
+        mma.gemm2(acc_s, acc_y, sC, sB, sH, N // 16)
+
+        zero = Float32(0.0)
+        base = zero
+        if s0 > 0:
+            base = sCs[s0 - 1]
+        cs_end = sCs[s1 - 1]
+
+        # S = C·Bᵀ ⊙ 2^(cs_i - cs_j) Δ_j on s0 <= j <= i < s1, into shared memory as an MMA operand
+        S = _mn_view(acc_s)
+        S_coords = _mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, TILE))))
+        S_smem = _mn_view(mma.thr.partition_C(sS))
+        cols = cute.size(S, mode=[1])
+        cs_cols = cute.make_rmem_tensor((cols,), Float32)
+        delta_cols = cute.make_rmem_tensor((cols,), Float32)
+        for c in cutlass.range_constexpr(cols):
+            j = S_coords[0, c][1]
+            cs_cols[c] = sCs[j]
+            delta_cols[c] = Float32(cutlass.select_(j >= s0, sDelta[j], zero))
+        for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
+            i = S_coords[r, 0][0]
+            cs_i = sCs[i]
+            in_rows = i < s1
+            for c in cutlass.range_constexpr(cols):
+                j = S_coords[0, c][1]
+                decay = cute.math.exp2(cute.math.min(cs_i - cs_cols[c], zero), fastmath=True)
+                keep = in_rows & (j <= i)
+                S_smem[r, c] = Float32(cutlass.select_(keep, S[r, c] * decay * delta_cols[c], zero)).to(io_type)
+
+        # (Δ_s 2^(cs_end - cs_s) x_s)ᵀ: four threads per row s, 16 columns each
+        s = tid // 4
+        weight = cute.math.exp2(cute.math.min(cs_end - sCs[s], zero), fastmath=True) * sDelta[s]
+        in_segment = (s >= s0) & (s < s1)
+        for k in cutlass.range_constexpr(P_TILE // 4):
+            p = (tid % 4) * (P_TILE // 4) + k
+            sXw[p, s] = Float32(cutlass.select_(in_segment, sX[s, p].to(Float32) * weight, zero)).to(io_type)
+
+        # the entering state's contribution decays from the segment start to each row
+        Y = _mn_view(acc_y)
+        Y_coords = _mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P_TILE))))
+        for r in cutlass.range_constexpr(cute.size(Y, mode=[0])):
+            scale = cute.math.exp2(cute.math.min(sCs[Y_coords[r, 0][0]] - base, zero), fastmath=True)
+            for c in cutlass.range_constexpr(cute.size(Y, mode=[1])):
+                Y[r, c] = Y[r, c] * scale
+        cute.arch.sync_threads()  # S and the weighted xᵀ are complete
+
+        mma.gemm(acc_y, sS, _transposed(sX, TILE, P_TILE), TILE // 16, b_transposed=True)
+        state_decay = cute.math.exp2(cute.math.min(cs_end - base, zero), fastmath=True)
+        for e in cutlass.range_constexpr(cute.size(acc_h)):
+            acc_h[e] = acc_h[e] * state_decay
+        mma.gemm(acc_h, sXw, _transposed(sB, TILE, N), TILE // 16, b_transposed=True)
+
+        for r in cutlass.range_constexpr(cute.size(Y, mode=[0])):
+            i = Y_coords[r, 0][0]
+            tok = block_start + i
+            if (i >= s0) & (i < s1):
+                for c in cutlass.range_constexpr(cute.size(Y, mode=[1])):
+                    p = Y_coords[0, c][1]
+                    y = cute.math.fma(D_cols[c], sX[i, p].to(Float32), Y[r, c])
+                    if a.has_z != 0:
+                        y = y * silu(sZ[i, p].to(Float32))
+                    out[row, tok, h, p0 + p] = y.to(io_type)
+        part_H = mma.thr.partition_C(sH)
+        for e in cutlass.range_constexpr(cute.size(acc_h)):
+            part_H[e] = acc_h[e].to(io_type)
+
+    @cute.jit
+    def _begin_sequence(self, a, states, mma, acc_h, sH, seq, h, p0, io_type):
+        """h = the sequence's initial state (zero if none, or if its index is out of range), also into sH."""
+        slot = seq
+        valid = Int32(0)
+        if a.has_initial_states != 0:
+            if seq < a.num_seqs:
+                if a.has_initial_state_indices != 0:
+                    slot = states.initial_indices[seq]
+                if slot >= 0:
+                    if slot < a.num_initial_slots:
+                        valid = Int32(1)
+        coords = mma.thr.partition_C(cute.make_identity_tensor((P_TILE, self.d_state)))
+        part_H = mma.thr.partition_C(sH)
+        for e in cutlass.range_constexpr(cute.size(acc_h)):
+            v = Float32(0.0)
+            if valid != 0:
+                v = states.initial[slot, h, p0 + coords[e][0], coords[e][1]].to(Float32)
+            acc_h[e] = v
+            part_H[e] = v.to(io_type)
+
+    @cute.jit
+    def _end_sequence(self, a, states, mma, acc_h, seq, h, p0, state_type):
+        """Write h as the sequence's final state (skipped for an index that is negative or out of range)."""
+        if a.has_final_states != 0:
+            if seq < a.num_seqs:
+                slot = seq
+                if a.has_final_state_indices != 0:
+                    slot = states.final_indices[seq]
+                if slot >= 0:
+                    if slot < a.num_final_slots:
+                        self._store_state(states.final[slot, h, None, None], mma, acc_h, p0, state_type)
+
+    @cute.jit
+    def _store_state(self, dst, mma, acc_h, p0, state_type):
+        """h (this CTA's 64 rows) into a (P, N) state block."""
+        coords = mma.thr.partition_C(cute.make_identity_tensor((P_TILE, self.d_state)))
+        for e in cutlass.range_constexpr(cute.size(acc_h)):
+            dst[p0 + coords[e][0], coords[e][1]] = acc_h[e].to(state_type)
+
+
+class SimpleStates:
+    """The state tensors of a call, by role (a plain holder: passed whole to the helpers)."""
+
+    def __init__(self, initial, initial_indices, final, final_indices, chunks):
+        self.initial, self.initial_indices = initial, initial_indices
+        self.final, self.final_indices, self.chunks = final, final_indices, chunks
+
+
+class MmaParts:
+    """A tiled warp MMA with its ldmatrix copies: ``gemm`` runs acc += A·Bᵀ over K from two shared tiles."""
+
+    def __init__(self, tiled_mma, tid, io_type):
+        self.tiled = tiled_mma
+        self.thr = tiled_mma.get_slice(tid)
+        self.tid = tid
+        ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), io_type)
+        ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), io_type)
+        self.copy_A = cute.make_tiled_copy_A(ldsm, tiled_mma)
+        self.copy_B = cute.make_tiled_copy_B(ldsm, tiled_mma)
+        self.copy_Bt = cute.make_tiled_copy_B(ldsm_t, tiled_mma)
+
+    def _operand(self, copy, smem, fragment):
+        thr = copy.get_slice(self.tid)
+        return thr.partition_S(smem), thr.retile(fragment)
+
+    @cute.jit
+    def gemm(self, acc, sA, sB, k_blocks: cutlass.Constexpr, b_transposed: cutlass.Constexpr = False):
+        """acc (M × N) += sA (M × K) · sB (N × K)ᵀ, both K-contiguous (sB through a transposed view if asked)."""
+        copy_B = self.copy_Bt if b_transposed else self.copy_B
+        frag_A = self.thr.make_fragment_A(self.thr.partition_A(sA))
+        frag_B = self.thr.make_fragment_B(self.thr.partition_B(sB))
+        src_A, dst_A = self._operand(self.copy_A, sA, frag_A)
+        src_B, dst_B = self._operand(copy_B, sB, frag_B)
+        for k in cutlass.range_constexpr(k_blocks):
+            cute.copy(self.copy_A, src_A[None, None, k], dst_A[None, None, k])
+            cute.copy(copy_B, src_B[None, None, k], dst_B[None, None, k])
+            cute.gemm(self.tiled, acc, frag_A[None, None, k], frag_B[None, None, k], acc)
+
+    @cute.jit
+    def gemm2(self, acc1, acc2, sA, sB1, sB2, k_blocks: cutlass.Constexpr):
+        """acc1 += sA · sB1ᵀ and acc2 += sA · sB2ᵀ, loading each A fragment once."""
+        frag_A = self.thr.make_fragment_A(self.thr.partition_A(sA))
+        frag_B1 = self.thr.make_fragment_B(self.thr.partition_B(sB1))
+        frag_B2 = self.thr.make_fragment_B(self.thr.partition_B(sB2))
+        src_A, dst_A = self._operand(self.copy_A, sA, frag_A)
+        src_B1, dst_B1 = self._operand(self.copy_B, sB1, frag_B1)
+        src_B2, dst_B2 = self._operand(self.copy_B, sB2, frag_B2)
+        for k in cutlass.range_constexpr(k_blocks):
+            cute.copy(self.copy_A, src_A[None, None, k], dst_A[None, None, k])
+            cute.copy(self.copy_B, src_B1[None, None, k], dst_B1[None, None, k])
+            cute.copy(self.copy_B, src_B2[None, None, k], dst_B2[None, None, k])
+            cute.gemm(self.tiled, acc1, frag_A[None, None, k], frag_B1[None, None, k], acc1)
+            cute.gemm(self.tiled, acc2, frag_A[None, None, k], frag_B2[None, None, k], acc2)
+
+
+def _aligned(nbytes: int) -> int:
+    return (nbytes + SMEM_ALIGN - 1) // SMEM_ALIGN * SMEM_ALIGN
+
+
+def _smem_layout(shape):
+    """Rows of 64 16-bit elements (128 B) with the 3-bit swizzle ldmatrix reads without bank conflicts."""
+    atom = cute.make_composed_layout(cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1)))
+    return cute.tile_to_shape(atom, shape, tuple(range(len(shape))))
+
+
+def _mn_view(acc):
+    """An MMA accumulator (or its partition of a tile) as (rows, columns) of the thread's fragment
+    (the view the CuTe DSL flash-attention example uses): ((2, MMA_M), (2, MMA_N))."""
+    shape = cute.make_layout(acc.layout.shape)
+    rows_cols = cute.make_layout(((shape.shape[0][1], shape.shape[1]), (shape.shape[0][0], shape.shape[2])),
+                                 stride=((shape.stride[0][1], shape.stride[1]), (shape.stride[0][0], shape.stride[2])))
+    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, rows_cols))
+
+
+def _transposed(tile, rows, cols):
+    """The (cols, rows) view of a (rows, cols) shared tile (read with transposing ldmatrix)."""
+    return cute.composition(tile, cute.make_layout((cols, rows), stride=(rows, 1)))
+
+
+@cute.jit
+def _bit(lo: Int32, hi: Int32, pos: Int32) -> Int32:
+    """Bit ``pos`` (0..63) of the 64-bit mask (lo, hi)."""
+    word = lo
+    shift = pos
+    if pos >= 32:
+        word = hi
+        shift = pos - 32
+    return (word >> shift) & Int32(1)
+
+
+@cute.jit
+def _next_change(lo: Int32, hi: Int32, pos: Int32) -> Int32:
+    """The first set bit above ``pos`` in the 64-bit mask (lo, hi), or TILE if none."""
+    above_lo = Int32(0)
+    above_hi = hi
+    if pos < 31:
+        above_lo = lo & ~((Int32(2) << pos) - Int32(1))
+    if pos >= 32:
+        above_hi = Int32(0)
+        if pos < 63:
+            above_hi = hi & ~((Int32(2) << (pos - 32)) - Int32(1))
+    result = Int32(TILE)
+    if above_hi != 0:
+        result = Int32(32) + Int32(cute.arch.clz(cute.arch.brev(above_hi)))
+    if above_lo != 0:
+        result = Int32(cute.arch.clz(cute.arch.brev(above_lo)))
+    return result
+
+
+@cute.jit
+def _hold_over_zero_runs(c0: Float32, c1: Float32, nonzero0, nonzero1, lane: Int32):
+    """Rows lane and lane + 32 of a block cumsum: each row takes the value of the last row at or before it
+    with a non-zero term (0 when there is none), so that rows separated only by zero terms hold bitwise
+    equal cumsums."""
+    mask0 = Int32(cute.arch.vote_ballot_sync(nonzero0))
+    mask1 = Int32(cute.arch.vote_ballot_sync(nonzero1))
+    upto = Int32(-1)  # rows <= lane within a half
+    if lane < 31:
+        upto = (Int32(2) << lane) - Int32(1)
+    own0 = mask0 & upto
+    own1 = mask1 & upto
+    src0 = Int32(0)
+    src1 = Int32(0)
+    if own0 != 0:
+        src0 = Int32(31) - Int32(cute.arch.clz(own0))
+    if own1 != 0:
+        src1 = Int32(31) - Int32(cute.arch.clz(own1))
+    elif mask0 != 0:
+        src1 = Int32(31) - Int32(cute.arch.clz(mask0))
+    from_first0 = cute.arch.shuffle_sync(c0, src0)
+    from_first1 = cute.arch.shuffle_sync(c0, src1)
+    from_second1 = cute.arch.shuffle_sync(c1, src1)
+    held0 = Float32(0.0)
+    held1 = Float32(0.0)
+    if own0 != 0:
+        held0 = from_first0
+    if own1 != 0:
+        held1 = from_second1
+    elif mask0 != 0:
+        held1 = from_first1
+    return held0, held1

@@ -1,0 +1,283 @@
+"""Launch plan of ``ssd_fwd``: the Mamba-2 chunked SSD forward (BRIEF §2 "ssd_fwd").
+
+Call::
+
+    launch("ssd_fwd", x=x, dt=dt, A=A, B=B, C=C, out=out, chunk_size=256, D=None, z=None, dt_bias=None,
+           dt_softplus=False, dt_limit=(0.0, inf), initial_states=None, initial_state_indices=None,
+           final_states=None, final_state_indices=None, chunk_states=None, seq_idx=None, cu_seqlens=None,
+           stream=None)
+
+=====================  ==============================  ============  ===========================================
+argument               shape                           dtype         notes
+=====================  ==============================  ============  ===========================================
+x                      (batch, L, H, P)                bf16 / fp16   ``io`` dtype; last dim contiguous
+dt                     (batch, L, H)                   io dtype      raw dt (before dt_bias and softplus)
+A                      (H,)                            fp32          A <= 0 (the exponents are clamped at 0)
+B, C                   (batch, L, G, N)                io dtype      G divides H; last dim contiguous
+out                    (batch, L, H, P)                io dtype      written
+D                      (H,) or (H, P), or None         fp32
+z                      (batch, L, H, P) or None        io dtype      out = y · silu(z); last dim contiguous
+dt_bias                (H,) or None                    fp32
+initial_states         (num_seqs, H, P, N), or a pool  state dtype   read: each sequence starts from its row
+                       (num_slots, H, P, N) with                     (or slot); zero if None
+                       initial_state_indices
+initial_state_indices  (num_seqs,) or None             int32         slot per sequence; < 0 or >= num_slots:
+                                                                     start from zero
+final_states           as initial_states               state dtype   written: each sequence's state after its
+final_state_indices    (num_seqs,) or None             int32         last token (slot < 0 or out of range:
+                                                                     not written)
+chunk_states           (batch, nchunks, H, P, N)       fp32          written: the state after position
+                                                                     min(c·Q + Q - 1, L - 1) of each row
+seq_idx                (batch, L) or None              int32         packed sequences: a new sequence where the
+                                                                     value changes along L (non-decreasing)
+cu_seqlens             (num_seqs + 1,) or None         int32         packed sequences along L, batch == 1
+=====================  ==============================  ============  ===========================================
+
+``nchunks = ceil(L / chunk_size)``; chunk_size is 64, 128 or 256 and only places ``chunk_states`` (the kernel
+computes in 64-token blocks whatever the chunk size). The state dtype (the variant's) is the dtype of the
+state arrays: fp32, or bf16 / fp16 for state pools; initial and final states share it. Each (sequence or slot,
+head) state block is a contiguous P × N matrix. x, B and C are read with 16-byte vector copies: their data
+pointers must be 16-byte aligned and their batch, L and head/group strides multiples of 8 elements (true of
+dense tensors and of column slices of a fused projection whose widths are multiples of 8).
+
+Sequences (what ``num_seqs`` counts): without packing, row b is sequence b. With ``cu_seqlens`` (batch 1),
+sequence i is tokens cu_seqlens[i]:cu_seqlens[i+1]. With ``seq_idx``, a row is split wherever seq_idx changes;
+per-sequence states then need batch 1 (sequences numbered 0, 1, ... along L, num_seqs being the state arrays'
+first dim; sequences past it get a zero initial state and no final state). A sequence start resets the state
+to that sequence's initial state. Reading and writing one pool (initial_states is final_states) is allowed:
+a sequence reads its slot before writing; slots written must not be read by another sequence of the call.
+
+No workspace. One CTA per (64 rows of P, head, row or sequence): grid rule ``headdim/64,heads,sequences``.
+"""
+from __future__ import annotations
+
+import math
+
+from ..errors import AlignmentError, InvalidArgumentError, ShapeError, StrideError
+from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_dim, expect_dt_limit, expect_dtype, expect_given,
+                          expect_int, expect_rank, expect_shape, record_strides)
+from .base import LaunchPlan
+
+IO_DTYPES = ("bf16", "fp16")
+STATE_DTYPES = ("fp32", "bf16", "fp16")
+CHUNK_SIZES = (64, 128, 256)
+P_TILE = 64   # head-dim rows per CTA (the grid rule's "headdim/64")
+VECTOR = 8    # elements per 16-byte vector copy of x, B, C
+STATE_ARRAYS = ("initial_states", "initial_state_indices", "final_states", "final_state_indices")
+
+
+class SsdForwardPlan(LaunchPlan):
+    family = "ssd_fwd"
+    grid_rule = "headdim/64,heads,sequences"
+    param_names = (
+        "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "out",
+        "initial_states", "initial_state_indices", "final_states", "final_state_indices",
+        "chunk_states", "seq_idx", "cu_seqlens",
+        "batch", "seqlen", "nheads", "heads_per_group", "num_seqs",
+        "num_initial_slots", "num_final_slots", "chunk_size", "nchunks",
+        "stride_x_batch", "stride_x_seqlen", "stride_x_head",
+        "stride_dt_batch", "stride_dt_seqlen", "stride_dt_head",
+        "stride_A_head",
+        "stride_B_batch", "stride_B_seqlen", "stride_B_group",
+        "stride_C_batch", "stride_C_seqlen", "stride_C_group",
+        "stride_D_head", "stride_D_dim",
+        "stride_z_batch", "stride_z_seqlen", "stride_z_head",
+        "stride_dt_bias_head",
+        "stride_out_batch", "stride_out_seqlen", "stride_out_head",
+        "stride_initial_states_slot", "stride_initial_states_head",
+        "stride_initial_state_indices_seq",
+        "stride_final_states_slot", "stride_final_states_head",
+        "stride_final_state_indices_seq",
+        "stride_chunk_states_batch", "stride_chunk_states_chunk", "stride_chunk_states_head",
+        "stride_seq_idx_batch", "stride_seq_idx_seqlen",
+        "stride_cu_seqlens_seq",
+        "has_D", "has_z", "has_dt_bias", "dt_softplus",
+        "has_initial_states", "has_initial_state_indices", "has_final_states", "has_final_state_indices",
+        "has_chunk_states", "has_seq_idx", "has_cu_seqlens",
+        "dt_min", "dt_max",
+    )
+    arrays = ("x", "dt", "A", "B", "C", "out", "D", "z", "dt_bias", "chunk_states", "seq_idx",
+              "cu_seqlens") + STATE_ARRAYS
+
+    def bind(self, *, x, dt, A, B, C, out, chunk_size=256, D=None, z=None, dt_bias=None, dt_softplus=False,
+             dt_limit=(0.0, math.inf), initial_states=None, initial_state_indices=None, final_states=None,
+             final_state_indices=None, chunk_states=None, seq_idx=None, cu_seqlens=None) -> BoundCall:
+        """Validate a call (see the module docstring). Raises the InvalidArgumentError subclasses."""
+        chunk_size = expect_int("chunk_size", chunk_size, minimum=1)
+        if chunk_size not in CHUNK_SIZES:
+            raise InvalidArgumentError("chunk_size", f"chunk_size: expected one of {CHUNK_SIZES}, got {chunk_size}")
+        dt_softplus = expect_bool("dt_softplus", dt_softplus)
+        dt_min, dt_max = expect_dt_limit(dt_limit)
+        expect_given(x=x, dt=dt, A=A, B=B, C=C, out=out)
+
+        expect_dtype(x, IO_DTYPES)
+        expect_rank(x, 4, "(batch, seqlen, nheads, headdim)")
+        batch, seqlen, nheads, headdim = x.shape
+        io = (x.dtype,)
+        if seqlen < 1:
+            raise ShapeError("x", f"x: seqlen (dim 1) must be >= 1, got shape {x.shape}")
+        if headdim % P_TILE:
+            raise ShapeError("x", f"x: headdim (dim 3) = {headdim} must be a multiple of {P_TILE}")
+        expect_dim("x", "seqlen (dim 1)", seqlen)
+        expect_dim("x", "nheads (dim 2)", nheads, maximum=GRID_YZ_MAX)
+        expect_dtype(dt, io)
+        expect_shape(dt, (batch, seqlen, nheads), "(batch, seqlen, nheads) of x")
+        expect_dtype(A, ("fp32",))
+        expect_shape(A, (nheads,), "(nheads,)")
+        expect_rank(B, 4, "(batch, seqlen, ngroups, d_state)")
+        ngroups, d_state = B.shape[2], B.shape[3]
+        if ngroups < 1 or nheads % ngroups:
+            raise ShapeError("B", f"B: ngroups (dim 2) = {ngroups} must divide nheads = {nheads}")
+        for m in (B, C):
+            expect_dtype(m, io)
+            expect_shape(m, (batch, seqlen, ngroups, d_state), "(batch, seqlen, ngroups, d_state) of x")
+        expect_dtype(out, io)
+        expect_shape(out, x.shape, "(batch, seqlen, nheads, headdim) of x")
+
+        params = {"x": x.ptr, "dt": dt.ptr, "A": A.ptr, "B": B.ptr, "C": C.ptr, "out": out.ptr,
+                  "batch": batch, "seqlen": seqlen, "nheads": nheads, "heads_per_group": nheads // ngroups,
+                  "chunk_size": chunk_size, "nchunks": -(-seqlen // chunk_size),
+                  "dt_softplus": int(dt_softplus), "dt_min": dt_min, "dt_max": dt_max}
+        for arr, dims in ((x, ("batch", "seqlen", "head")), (B, ("batch", "seqlen", "group")),
+                          (C, ("batch", "seqlen", "group"))):
+            record_strides(params, arr, dims)
+            _expect_vector_operand(arr)
+        record_strides(params, dt, ("batch", "seqlen", "head"))
+        record_strides(params, A, ("head",))
+        record_strides(params, out, ("batch", "seqlen", "head"))
+        inputs, outputs = [x, dt, A, B, C], [out]
+
+        if D is not None:
+            expect_dtype(D, ("fp32",))
+            if D.shape == (nheads,):
+                params.update(stride_D_head=D.strides[0], stride_D_dim=0)
+            else:
+                expect_shape(D, (nheads, headdim), "(nheads,) or (nheads, headdim)")
+                record_strides(params, D, ("head", "dim"))
+        if z is not None:
+            expect_dtype(z, io)
+            expect_shape(z, x.shape, "(batch, seqlen, nheads, headdim) of x")
+            record_strides(params, z, ("batch", "seqlen", "head"))
+        if dt_bias is not None:
+            expect_dtype(dt_bias, ("fp32",))
+            expect_shape(dt_bias, (nheads,), "(nheads,)")
+            record_strides(params, dt_bias, ("head",))
+        inputs += [arr for arr in (D, z, dt_bias) if arr is not None]
+
+        # sequences: where they come from, how many there are, and how many CTAs walk them (grid z)
+        if seq_idx is not None and cu_seqlens is not None:
+            raise InvalidArgumentError("seq_idx", "seq_idx: pass seq_idx or cu_seqlens, not both")
+        num_seqs, sources = batch, batch
+        if cu_seqlens is not None:
+            expect_dtype(cu_seqlens, ("int32",))
+            expect_rank(cu_seqlens, 1, "(num_seqs + 1,)")
+            if batch != 1:
+                raise ShapeError("x", f"x: cu_seqlens packs sequences along L and needs batch == 1, got {batch}")
+            num_seqs = sources = cu_seqlens.shape[0] - 1
+            if num_seqs < 1:
+                raise ShapeError("cu_seqlens", "cu_seqlens: needs at least 2 entries (one sequence)")
+            record_strides(params, cu_seqlens, ("seq",))
+            inputs.append(cu_seqlens)
+        if seq_idx is not None:
+            expect_dtype(seq_idx, ("int32",))
+            expect_shape(seq_idx, (batch, seqlen), "(batch, seqlen) of x")
+            record_strides(params, seq_idx, ("batch", "seqlen"))
+            inputs.append(seq_idx)
+            given = [a for a in (initial_states, final_states) if a is not None]
+            if given and batch != 1:
+                raise ShapeError("x", "x: per-sequence states with seq_idx need batch == 1 (sequences are "
+                                 f"numbered along one row), got batch {batch}; use cu_seqlens or one row")
+            counts = [idx.shape[0] if idx is not None and len(idx.shape) == 1 else arr.shape[0]
+                      for arr, idx in ((initial_states, initial_state_indices), (final_states, final_state_indices))
+                      if arr is not None]
+            num_seqs = counts[0] if counts else batch
+        expect_dim("x", "batch rows or sequences (grid z)", sources, maximum=GRID_YZ_MAX)
+        params.update(num_seqs=num_seqs, has_seq_idx=int(seq_idx is not None),
+                      has_cu_seqlens=int(cu_seqlens is not None))
+
+        state_dtype = _state_dtype(initial_states, final_states)
+        in_place = initial_states is not None and final_states is not None and _same_array(initial_states, final_states)
+        for role, arr, idx in (("initial", initial_states, initial_state_indices),
+                               ("final", final_states, final_state_indices)):
+            plural = f"{role}_states"
+            index_name = f"{role}_state_indices"
+            if arr is None:
+                if idx is not None:
+                    raise InvalidArgumentError(index_name, f"{index_name}: given without {plural}")
+                params[f"num_{role}_slots"] = 0
+                continue
+            expect_rank(arr, 4, "(num_seqs or num_slots, nheads, headdim, d_state)")
+            slots = arr.shape[0]
+            expect_shape(arr, (slots, nheads, headdim, d_state), "(num_seqs or num_slots, nheads, headdim, d_state)")
+            if arr.strides[2:] != (d_state, 1):
+                raise StrideError(plural, f"{plural}: each (sequence, head) block must be a contiguous headdim × "
+                                  f"d_state matrix (strides (..., {d_state}, 1)), got strides {arr.strides}")
+            if idx is None:
+                expect_shape(arr, (num_seqs, nheads, headdim, d_state), "(num_seqs, nheads, headdim, d_state)")
+            else:
+                expect_dtype(idx, ("int32",))
+                expect_shape(idx, (num_seqs,), "(num_seqs,)")
+                record_strides(params, idx, ("seq",))
+                inputs.append(idx)
+            record_strides(params, arr, ("slot", "head"))
+            params[f"num_{role}_slots"] = slots
+            if role == "final":
+                outputs.append(arr)
+            elif not in_place:
+                inputs.append(arr)
+
+        if chunk_states is not None:
+            expect_dtype(chunk_states, ("fp32",))
+            expect_shape(chunk_states, (batch, params["nchunks"], nheads, headdim, d_state),
+                         "(batch, ceil(seqlen / chunk_size), nheads, headdim, d_state)")
+            if chunk_states.strides[3:] != (d_state, 1):
+                raise StrideError("chunk_states", "chunk_states: each (row, chunk, head) block must be a contiguous "
+                                  f"headdim × d_state matrix, got strides {chunk_states.strides}")
+            record_strides(params, chunk_states, ("batch", "chunk", "head"))
+            outputs.append(chunk_states)
+
+        given = {"D": D, "z": z, "dt_bias": dt_bias, "chunk_states": chunk_states, "seq_idx": seq_idx,
+                 "cu_seqlens": cu_seqlens, "initial_states": initial_states,
+                 "initial_state_indices": initial_state_indices, "final_states": final_states,
+                 "final_state_indices": final_state_indices}
+        for name, arr in given.items():
+            params[name] = arr.ptr if arr is not None else 0
+            if arr is None:  # absent: null pointer and zero strides
+                params.update((p, 0) for p in self.param_names if p.startswith(f"stride_{name}_"))
+            if name not in ("seq_idx", "cu_seqlens"):
+                params[f"has_{name}"] = int(arr is not None)
+        missing = set(self.param_names) - set(params)
+        if missing:  # a plan bug, not a caller's: every kernel parameter must get a value
+            raise RuntimeError(f"ssd_fwd plan left kernel parameters unset: {sorted(missing)}")
+
+        return BoundCall(
+            constants={"headdim": headdim, "d_state": d_state, "io_dtype": x.dtype, "state_dtype": state_dtype},
+            grid=(headdim // P_TILE, nheads, sources),
+            params=params,
+            inputs=tuple(inputs),
+            outputs=tuple(outputs),
+        )
+
+
+def _expect_vector_operand(arr) -> None:
+    """x, B and C are copied 16 bytes at a time: 16-byte aligned base, strides multiples of 8 elements."""
+    if arr.ptr % (VECTOR * arr.itemsize):
+        raise AlignmentError(arr.name, f"{arr.name}: data pointer {arr.ptr:#x} must be 16-byte aligned")
+    strides = arr.strides[:-1]
+    if any(s % VECTOR for s, n in zip(strides, arr.shape) if n > 1):
+        raise StrideError(arr.name, f"{arr.name}: strides {arr.strides} must be multiples of {VECTOR} elements "
+                          "(16 bytes) except the last")
+
+
+def _state_dtype(initial_states, final_states) -> str:
+    given = [a for a in (initial_states, final_states) if a is not None]
+    for arr in given:
+        expect_dtype(arr, STATE_DTYPES)
+    if len(given) == 2 and given[0].dtype != given[1].dtype:
+        raise InvalidArgumentError("final_states", f"final_states: dtype {given[1].dtype} differs from "
+                                   f"initial_states' {given[0].dtype} (one state dtype per call)")
+    return given[0].dtype if given else "fp32"
+
+
+def _same_array(a, b) -> bool:
+    return (a.ptr, a.shape, a.strides, a.dtype) == (b.ptr, b.shape, b.strides, b.dtype)

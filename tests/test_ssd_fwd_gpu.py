@@ -1,0 +1,246 @@
+"""ssd_fwd on the GPU against the fp64 oracle (token-by-token recurrence on the same rounded inputs).
+
+Needs a CUDA device and the ssd_fwd cubins (``scons`` output or installed wheels); see tests/conftest.py.
+"""
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+
+import reference  # noqa: E402
+from reference import generators  # noqa: E402
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+INPUT_KEYS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias")
+
+
+def _runtime():
+    from mamba2_aot import runtime
+    return runtime
+
+
+def _built(**constants):
+    """Whether the installed cubins have an ssd_fwd variant with these constants (for parametrized skips)."""
+    return any(all(v["constants"].get(k) == c for k, c in constants.items())
+               for v in _runtime().list_variants("ssd_fwd"))
+
+
+def _require(**constants):
+    if not _built(**constants):
+        pytest.skip(f"no ssd_fwd variant with {constants} in this build")
+
+
+def _to_cuda(inputs):
+    return {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+
+
+def _run(inputs, *, chunk_size=256, final=False, chunks=False, state_dtype=torch.float32, **extra):
+    """Launch ssd_fwd on ``inputs`` (CUDA tensors; initial_states / seq_idx / cu_seqlens included when present);
+    returns the outputs (out, and final_states / chunk_states when asked)."""
+    x = inputs["x"]
+    batch, L, H, P = x.shape
+    N = inputs["B"].shape[-1]
+    kwargs = {k: inputs[k] for k in INPUT_KEYS if k in inputs}
+    for k in ("initial_states", "seq_idx", "cu_seqlens"):
+        if k in inputs:
+            kwargs[k] = inputs[k]
+    if "initial_states" in kwargs:
+        kwargs["initial_states"] = kwargs["initial_states"].to(state_dtype)
+    num_seqs = inputs["cu_seqlens"].shape[0] - 1 if "cu_seqlens" in inputs else (
+        int(inputs["seq_idx"].max()) + 1 if "seq_idx" in inputs else batch)
+    result = {"out": torch.full_like(x, float("nan"))}
+    if final:
+        result["final_states"] = torch.full((num_seqs, H, P, N), float("nan"), dtype=state_dtype, device="cuda")
+    if chunks:
+        result["chunk_states"] = torch.full((batch, -(-L // chunk_size), H, P, N), float("nan"), device="cuda")
+    _runtime().launch("ssd_fwd", chunk_size=chunk_size, dt_softplus=inputs.get("dt_softplus", False),
+                      **kwargs, **result, **extra)
+    torch.cuda.synchronize()
+    return result
+
+
+def _oracle(inputs, *, chunk_size=256, final=False, chunks=False, **extra):
+    args = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+    return reference.ssd_reference(chunk_size=chunk_size, return_final_states=final, return_chunk_states=chunks,
+                                   **args, **extra)
+
+
+def _check(got, ref, io="bf16"):
+    tol = reference.TOLERANCES[io]
+    reference.assert_close_scaled(got["out"].cpu(), ref["out"], tol["out"], "out")
+    for name in ("final_states", "chunk_states"):
+        if name in got:
+            reference.assert_close_scaled(got[name].float().cpu(), ref[name], tol["states"], name)
+
+
+@pytest.mark.parametrize("P,N,G", [(64, 128, 2), (64, 64, 1), (64, 256, 4), (128, 128, 1), (128, 64, 2)])
+def test_matches_oracle_with_every_option(P, N, G):
+    _require(headdim=P, d_state=N, io_dtype="bf16", state_dtype="fp32")
+    inputs = _to_cuda(generators.standard_inputs(2, 300, 4, P, N, G, torch.bfloat16, seed=P + N + G, D="HP", z=True,
+                                                 initial_states=True))
+    before = {k: v.clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    got = _run(inputs, chunk_size=128, final=True, chunks=True, dt_limit=(1e-3, 0.2))
+    _check(got, _oracle(inputs, chunk_size=128, final=True, chunks=True, dt_limit=(1e-3, 0.2)))
+    for k, v in before.items():
+        assert torch.equal(v, inputs[k]), f"input {k} was written"
+
+
+@pytest.mark.parametrize("L", [1, 63, 64, 65, 2 * 64 + 37])
+@pytest.mark.parametrize("D", [None, "H"])
+def test_lengths_and_optional_inputs(L, D):
+    _require(headdim=64, d_state=128, io_dtype="bf16", state_dtype="fp32")
+    inputs = _to_cuda(generators.standard_inputs(3, L, 8, 64, 128, 2, torch.bfloat16, seed=L, D=D, z=D is None))
+    _check(_run(inputs, chunk_size=64, final=True, chunks=True), _oracle(inputs, chunk_size=64, final=True, chunks=True))
+
+
+def test_hot_inputs():
+    _require(headdim=64, d_state=128, io_dtype="bf16", state_dtype="fp32")
+    inputs = _to_cuda(generators.hot_inputs(2, 333, 8, 64, 128, 1, torch.bfloat16, seed=3, z=True,
+                                            initial_states=True))
+    got = _run(inputs, final=True, chunks=True)
+    _check(got, _oracle(inputs, final=True, chunks=True))
+
+
+@pytest.mark.parametrize("packing", ["cu_seqlens", "seq_idx"])
+@pytest.mark.parametrize("Q", [64, 256])
+def test_packed_sequences(packing, Q):
+    _require(headdim=64, d_state=128, io_dtype="bf16", state_dtype="fp32")
+    inputs = generators.packed_inputs(8, 64, 128, 2, torch.bfloat16, seed=Q, chunk_size=Q, z=True)
+    inputs.pop("seq_idx" if packing == "cu_seqlens" else "cu_seqlens")
+    inputs = _to_cuda(inputs)
+    got = _run(inputs, chunk_size=Q, final=True, chunks=True)
+    _check(got, _oracle(inputs, chunk_size=Q, final=True, chunks=True))
+
+
+def test_packed_equals_separate_runs_and_split_sequences_carry_states():
+    """One packed call == each sequence alone; a sequence split in two calls (final -> initial) == one call."""
+    _require(headdim=64, d_state=128, io_dtype="bf16", state_dtype="fp32")
+    inputs = _to_cuda(generators.packed_inputs(8, 64, 128, 2, torch.bfloat16, seed=5, chunk_size=64, lengths=[70, 1, 130]))
+    inputs.pop("seq_idx")
+    packed = _run(inputs, chunk_size=64, final=True)
+    cu = inputs["cu_seqlens"].tolist()
+    for i, (s, e) in enumerate(zip(cu, cu[1:])):
+        alone = {k: (v[:, s:e] if k in ("x", "dt", "B", "C", "z") else v) for k, v in inputs.items()
+                 if k not in ("cu_seqlens",)}
+        alone["initial_states"] = inputs["initial_states"][i:i + 1]
+        single = _run(alone, chunk_size=64, final=True)
+        # not bitwise: a packed sequence's 64-token blocks sit at other offsets, so operands round elsewhere
+        tol = reference.TOLERANCES["bf16"]
+        reference.assert_close_scaled(packed["out"][:, s:e].cpu(), single["out"].cpu(), tol["out"], f"seq {i} out")
+        reference.assert_close_scaled(packed["final_states"][i:i + 1].cpu(), single["final_states"].cpu(),
+                                      tol["states"], f"seq {i} final state")
+
+    whole = {k: v[:, :130] if k in ("x", "dt", "B", "C") else v for k, v in inputs.items() if k != "cu_seqlens"}
+    whole["initial_states"] = inputs["initial_states"][:1]
+    first = {k: v[:, :50] if k in ("x", "dt", "B", "C") else v for k, v in whole.items()}
+    second = {k: v[:, 50:] if k in ("x", "dt", "B", "C") else v for k, v in whole.items()}
+    one = _run(whole, final=True)
+    a = _run(first, final=True)
+    second["initial_states"] = a["final_states"]
+    b = _run(second, final=True)
+    ref = _oracle(whole, final=True)
+    reference.assert_close_scaled(torch.cat([a["out"], b["out"]], 1).cpu(), ref["out"],
+                                  reference.TOLERANCES["bf16"]["out"], "split out")
+    reference.assert_close_scaled(b["final_states"].cpu(), one["final_states"].cpu(),
+                                  reference.TOLERANCES["bf16"]["states"], "split final state")
+
+
+@pytest.mark.parametrize("state_dtype", ["fp32", "bf16"])
+def test_state_pool_in_place(state_dtype):
+    """Initial states read from and final states written to one pool by slot index, in place."""
+    _require(headdim=64, d_state=128, io_dtype="bf16", state_dtype=state_dtype)
+    dtype = TORCH_DTYPES[state_dtype]
+    inputs = _to_cuda(generators.standard_inputs(3, 200, 8, 64, 128, 2, torch.bfloat16, seed=9, z=True))
+    pool = torch.randn(6, 8, 64, 128, device="cuda").to(dtype)
+    before = pool.clone()
+    read = torch.tensor([4, -1, 0], dtype=torch.int32, device="cuda")   # -1: start from zero
+    write = torch.tensor([4, 2, -1], dtype=torch.int32, device="cuda")  # -1: not written
+    out = torch.empty_like(inputs["x"])
+    _runtime().launch("ssd_fwd", **{k: inputs[k] for k in INPUT_KEYS if k in inputs}, dt_softplus=True, out=out,
+                      initial_states=pool, initial_state_indices=read, final_states=pool,
+                      final_state_indices=write)
+    torch.cuda.synchronize()
+    initial = torch.stack([before[4].float(), torch.zeros(8, 64, 128, device="cuda"), before[0].float()])
+    ref = _oracle({**inputs, "initial_states": initial}, final=True)
+    tol = reference.TOLERANCES["bf16"]
+    reference.assert_close_scaled(out.cpu(), ref["out"], tol["out"], "out")
+    reference.assert_close_scaled(pool[4].float().cpu(), ref["final_states"][0], tol["states"], "slot 4")
+    reference.assert_close_scaled(pool[2].float().cpu(), ref["final_states"][1], tol["states"], "slot 2")
+    for untouched in (0, 1, 3, 5):
+        assert torch.equal(pool[untouched], before[untouched]), f"slot {untouched} was written"
+
+
+def test_fused_projection_views_and_64bit_batch_stride():
+    """x, z, B, C and dt as column slices of one in_proj output whose batch stride passes 2^31 elements."""
+    _require(headdim=64, d_state=128, io_dtype="bf16", state_dtype="fp32")
+    batch, L, H, P, N, G = 2, 96, 8, 64, 128, 2
+    width = 2 * H * P + 2 * G * N + H
+    row_stride = width + 8                       # padded rows (a multiple of 8)
+    batch_stride = (2**31 // row_stride + 1) * row_stride
+    assert batch_stride > 2**31
+    buf = torch.zeros(batch_stride + L * row_stride, dtype=torch.bfloat16, device="cuda")
+    ref_inputs = generators.standard_inputs(batch, L, H, P, N, G, torch.bfloat16, seed=11, z=True)
+
+    def column_view(offset, shape):
+        strides = (batch_stride, row_stride) + tuple(torch.empty(shape[2:]).stride())
+        return buf.as_strided(shape, strides, offset)
+
+    views = {"z": column_view(0, (batch, L, H, P)), "x": column_view(H * P, (batch, L, H, P)),
+             "B": column_view(2 * H * P, (batch, L, G, N)), "C": column_view(2 * H * P + G * N, (batch, L, G, N)),
+             "dt": column_view(2 * H * P + 2 * G * N, (batch, L, H))}
+    for k, v in views.items():
+        v.copy_(ref_inputs[k])
+    inputs = _to_cuda({k: v for k, v in ref_inputs.items() if k not in views})
+    inputs.update(views)
+    got = _run(inputs, final=True)
+    _check(got, _oracle(_to_cuda(ref_inputs), final=True))
+
+
+@pytest.mark.parametrize("shape", [
+    pytest.param((80, 64, 128, 1, 256), id="mamba2-2.7b"),
+    pytest.param((128, 64, 128, 8, 128), id="nemotron-h"),
+    pytest.param((32, 128, 128, 1, 256), id="P128"),
+    pytest.param((32, 64, 256, 4, 128), id="N256"),
+])
+def test_real_model_shapes(shape):
+    H, P, N, G, Q = shape
+    _require(headdim=P, d_state=N, io_dtype="bf16", state_dtype="fp32")
+    inputs = _to_cuda(generators.standard_inputs(1, 2 * Q + 37, H, P, N, G, torch.bfloat16, seed=H, z=True,
+                                                 initial_states=True))
+    got = _run(inputs, chunk_size=Q, final=True, chunks=True)
+    _check(got, _oracle(inputs, chunk_size=Q, final=True, chunks=True))
+
+
+def test_repeated_launches_are_bitwise_identical():
+    _require(headdim=64, d_state=128, io_dtype="bf16", state_dtype="fp32")
+    inputs = _to_cuda(generators.standard_inputs(2, 500, 16, 64, 128, 4, torch.bfloat16, seed=2, z=True))
+    first = _run(inputs, final=True)
+    for _ in range(3):
+        again = _run(inputs, final=True)
+        assert torch.equal(again["out"], first["out"]) and torch.equal(again["final_states"], first["final_states"])
+
+
+def _built_variants():
+    try:
+        return [v["constants"] for v in _runtime().list_variants("ssd_fwd")]
+    except Exception:  # no cubins at collection time: the sweep has nothing to run
+        return []
+
+
+@pytest.mark.parametrize("constants", _built_variants(), ids=lambda c: "-".join(f"{k}{v}" for k, v in sorted(c.items())))
+def test_every_built_variant(constants):
+    """Each variant in the build (the full matrix in a full build) against the oracle, pool dtype included."""
+    P, N, io, state = constants["headdim"], constants["d_state"], constants["io_dtype"], constants["state_dtype"]
+    dtype = TORCH_DTYPES[io]
+    inputs = _to_cuda(generators.standard_inputs(2, 150, 4, P, N, 2, dtype, seed=N, D="H", z=True,
+                                                 initial_states=True))
+    inputs["initial_states"] = inputs["initial_states"].to(TORCH_DTYPES[state])
+    got = _run(inputs, chunk_size=64, final=True, chunks=True, state_dtype=TORCH_DTYPES[state])
+    ref = _oracle(inputs, chunk_size=64, final=True, chunks=True)
+    tol = reference.TOLERANCES[io]
+    reference.assert_close_scaled(got["out"].cpu(), ref["out"], tol["out"], "out")
+    state_tol = tol["states"] if state == "fp32" else reference.TOLERANCES[f"pool_{state}"]["states"] + tol["states"]
+    reference.assert_close_scaled(got["final_states"].float().cpu(), ref["final_states"], state_tol, "final_states")
+    reference.assert_close_scaled(got["chunk_states"].cpu(), ref["chunk_states"], tol["states"], "chunk_states")
