@@ -43,6 +43,7 @@ THREADS = NUM_WARPS * 32
 LOG2_E = math.log2(math.e)
 VECTOR = 8       # 16-byte cp.async of 16-bit elements: the runtime checks strides and bases for it
 SMEM_ALIGN = 128
+Y_STRIDE = P_TILE + 4   # fp32 row pitch of the staged outputs: fewer bank conflicts on the fragment writes
 
 
 class SsdForward:
@@ -62,15 +63,20 @@ class SsdForward:
         self.headdim, self.d_state, self.io_dtype, self.state_dtype = headdim, d_state, io_dtype, state_dtype
         self.block = (THREADS, 1, 1)
         self.cluster = (1, 1, 1)
-        self.dynamic_smem = sum(_aligned(n * size) for n, size in self._smem_buffers())
+        # Up to N = 128 two CTAs share an SM (one's loads and barriers overlap the other's MMAs), which leaves
+        # room for one stage of x, z, B, C; with N = 256 one CTA per SM prefetches the next block instead.
         self.min_ctas_per_sm = 1
+        self.stages = 2
+        self.dynamic_smem = sum(_aligned(n * size) for n, size in self._smem_buffers())
 
     def _smem_buffers(self):
         """(elements, bytes per element) of every shared buffer, in SharedStorage order."""
         N = self.d_state
-        return [(2 * TILE * P_TILE, 2), (2 * TILE * P_TILE, 2),                 # x, z: two stages
-                (2 * TILE * N, 2), (2 * TILE * N, 2),                           # B, C: two stages
+        k = self.stages
+        return [(k * TILE * P_TILE, 2), (k * TILE * P_TILE, 2),                 # x, z
+                (k * TILE * N, 2), (k * TILE * N, 2),                           # B, C
                 (TILE * TILE, 2), (P_TILE * TILE, 2), (P_TILE * N, 2),          # S, weighted xᵀ, h₀
+                (TILE * Y_STRIDE, 4), (P_TILE, 4),                              # y (fp32), D
                 (TILE, 4), (TILE, 4), (2, 4)]                                   # Δ, cs, sequence changes
 
     def params(self):
@@ -78,7 +84,7 @@ class SsdForward:
         vec = 2 * VECTOR
         return [
             ptr("x", io, align=vec), ptr("dt", io), ptr("A", "fp32"), ptr("B", io, align=vec), ptr("C", io, align=vec),
-            ptr("D", "fp32"), ptr("z", io, align=vec), ptr("dt_bias", "fp32"), ptr("out", io),
+            ptr("D", "fp32"), ptr("z", io, align=vec), ptr("dt_bias", "fp32"), ptr("out", io, align=vec),
             ptr("initial_states", st), ptr("initial_state_indices", "int32"),
             ptr("final_states", st), ptr("final_state_indices", "int32"),
             ptr("chunk_states", "fp32"), ptr("seq_idx", "int32"), ptr("cu_seqlens", "int32"),
@@ -141,7 +147,8 @@ class SsdForward:
         Bm = view(a.B, (a.batch, L, G, N), vec(a.stride_B_batch), vec(a.stride_B_seqlen), vec(a.stride_B_group), 1)
         Cm = view(a.C, (a.batch, L, G, N), vec(a.stride_C_batch), vec(a.stride_C_seqlen), vec(a.stride_C_group), 1)
         dt = view(a.dt, (a.batch, L, H), a.stride_dt_batch, a.stride_dt_seqlen, a.stride_dt_head)
-        out = view(a.out, (a.batch, L, H, P), a.stride_out_batch, a.stride_out_seqlen, a.stride_out_head, 1)
+        out = view(a.out, (a.batch, L, H, P), vec(a.stride_out_batch), vec(a.stride_out_seqlen),
+                   vec(a.stride_out_head), 1)
         D = view(a.D, (H, P), a.stride_D_head, a.stride_D_dim)
         seq_idx = view(a.seq_idx, (a.batch, L), a.stride_seq_idx_batch, a.stride_seq_idx_seqlen)
         states = SimpleStates(
@@ -169,10 +176,13 @@ class SsdForward:
             seq = Int32(0)  # sequences of a seq_idx row are numbered from 0 (the runtime allows states only at B == 1)
 
         storage = cutlass.utils.SmemAllocator().allocate(self._shared_storage(io_type))
-        sX = storage.x.get_tensor(_smem_layout((TILE, P_TILE, 2)))
-        sZ = storage.z.get_tensor(_smem_layout((TILE, P_TILE, 2)))
-        sB = storage.B.get_tensor(_smem_layout((TILE, N, 2)))
-        sC = storage.C.get_tensor(_smem_layout((TILE, N, 2)))
+        stages = self.stages
+        sX = storage.x.get_tensor(_smem_layout((TILE, P_TILE, stages)))
+        sZ = storage.z.get_tensor(_smem_layout((TILE, P_TILE, stages)))
+        sB = storage.B.get_tensor(_smem_layout((TILE, N, stages)))
+        sC = storage.C.get_tensor(_smem_layout((TILE, N, stages)))
+        sY = storage.y.get_tensor(cute.make_layout((TILE, P_TILE), stride=(Y_STRIDE, 1)))
+        sD = storage.D.get_tensor(cute.make_layout((P_TILE,)))
         sS = storage.S.get_tensor(_smem_layout((TILE, TILE)))
         sXw = storage.xw.get_tensor(_smem_layout((P_TILE, TILE)))
         sH = storage.h.get_tensor(_smem_layout((P_TILE, N)))
@@ -199,13 +209,11 @@ class SsdForward:
         if a.has_dt_bias != 0:
             bias = view(a.dt_bias, (H,), a.stride_dt_bias_head)[h]
 
-        # D of the thread's output columns, held for the whole walk (zero without D)
-        y_coords = _mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P_TILE))))
-        D_cols = cute.make_rmem_tensor((cute.size(y_coords, mode=[1]),), Float32)
-        for c in cutlass.range_constexpr(cute.size(D_cols)):
-            D_cols[c] = Float32(0.0)
+        if tid < P_TILE:  # D of this CTA's rows (zero without D); visible after the first block's barrier
+            d_value = Float32(0.0)
             if a.has_D != 0:
-                D_cols[c] = D[h, p0 + y_coords[0, c][1]]
+                d_value = D[h, p0 + tid]
+            sD[tid] = d_value
 
         blk_first = start // TILE
         blk_end = (end + TILE - 1) // TILE
@@ -214,10 +222,11 @@ class SsdForward:
 
         acc_h = cute.make_rmem_tensor(mma.thr.partition_shape_C((P_TILE, N)), Float32)
         self._begin_sequence(a, states, mma, acc_h, sH, seq, h, p0, io_type)
-        if blk_first < blk_end:
-            self._load_block(a, g2s, tid, gx, gz, gB, gC, ident_x, ident_BC, sX, sZ, sB, sC, blk_first, Int32(0), ptile,
-                             L)
-        cute.arch.cp_async_commit_group()
+        tiles = (g2s, tid, gx, gz, gB, gC, ident_x, ident_BC, sX, sZ, sB, sC, ptile, L)
+        if cutlass.const_expr(stages == 2):
+            if blk_first < blk_end:
+                self._load_block(a, tiles, blk_first, Int32(0))
+            cute.arch.cp_async_commit_group()
 
         # Warp 0 keeps the raw dt (and seq_idx) of the next block in registers: rows lane and lane + 32.
         dt_next0 = Float32(0.0)
@@ -232,17 +241,21 @@ class SsdForward:
             dt_next0, dt_next1, seq_next0, seq_next1 = self._load_raw(a, dt, seq_idx, row, h, blk_first, lane, L)
 
         for blk in range(blk_first, blk_end):
-            stage = (blk - blk_first) % 2
+            stage = (blk - blk_first) % stages
+            if cutlass.const_expr(stages == 1):
+                cute.arch.sync_threads()  # every warp done with the previous block's tiles
+                self._load_block(a, tiles, blk, Int32(0))
+                cute.arch.cp_async_commit_group()
             if warp_id == 0:
                 prev_seq = self._scan_block(a, dt_next0, dt_next1, seq_next0, seq_next1, prev_seq, blk, start, end,
                                             bias, A_log2, sDelta, sCs, sChanges, lane)
                 dt_next0, dt_next1, seq_next0, seq_next1 = self._load_raw(a, dt, seq_idx, row, h, blk + 1, lane, L)
             cute.arch.cp_async_wait_group(0)
             cute.arch.sync_threads()
-            if blk + 1 < blk_end:
-                self._load_block(a, g2s, tid, gx, gz, gB, gC, ident_x, ident_BC, sX, sZ, sB, sC, blk + 1, 1 - stage,
-                                 ptile, L)
-            cute.arch.cp_async_commit_group()
+            if cutlass.const_expr(stages == 2):
+                if blk + 1 < blk_end:
+                    self._load_block(a, tiles, blk + 1, 1 - stage)
+                cute.arch.cp_async_commit_group()
 
             changes_lo = sChanges[0]
             changes_hi = sChanges[1]
@@ -257,8 +270,8 @@ class SsdForward:
                     self._begin_sequence(a, states, mma, acc_h, sH, seq, h, p0, io_type)
                 cute.arch.sync_threads()  # h₀ in shared memory, and every warp done with the last segment
                 self._segment(a, mma, acc_h, sX[None, None, stage], sB[None, None, stage], sC[None, None, stage],
-                              sZ[None, None, stage], sS, sXw, sH, sDelta, sCs, D_cols, out, row, h, p0, block_start,
-                              seg, seg_end, tid, L, io_type)
+                              sZ[None, None, stage], sS, sXw, sH, sY, sD, sDelta, sCs, out, row, h, ptile,
+                              block_start, seg, seg_end, tid, io_type)
                 seg = seg_end
 
             if a.has_chunk_states != 0:
@@ -270,17 +283,19 @@ class SsdForward:
         self._end_sequence(a, states, mma, acc_h, seq, h, p0, state_type)
 
     def _shared_storage(self, io_type):
-        N = self.d_state
+        N, k = self.d_state, self.stages
 
         @cute.struct
         class SharedStorage:
-            x: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * P_TILE], SMEM_ALIGN]
-            z: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * P_TILE], SMEM_ALIGN]
-            B: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * N], SMEM_ALIGN]
-            C: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * N], SMEM_ALIGN]
+            x: cute.struct.Align[cute.struct.MemRange[io_type, k * TILE * P_TILE], SMEM_ALIGN]
+            z: cute.struct.Align[cute.struct.MemRange[io_type, k * TILE * P_TILE], SMEM_ALIGN]
+            B: cute.struct.Align[cute.struct.MemRange[io_type, k * TILE * N], SMEM_ALIGN]
+            C: cute.struct.Align[cute.struct.MemRange[io_type, k * TILE * N], SMEM_ALIGN]
             S: cute.struct.Align[cute.struct.MemRange[io_type, TILE * TILE], SMEM_ALIGN]
             xw: cute.struct.Align[cute.struct.MemRange[io_type, P_TILE * TILE], SMEM_ALIGN]
             h: cute.struct.Align[cute.struct.MemRange[io_type, P_TILE * N], SMEM_ALIGN]
+            y: cute.struct.Align[cute.struct.MemRange[Float32, TILE * Y_STRIDE], SMEM_ALIGN]
+            D: cute.struct.Align[cute.struct.MemRange[Float32, P_TILE], SMEM_ALIGN]
             delta: cute.struct.Align[cute.struct.MemRange[Float32, TILE], SMEM_ALIGN]
             cs: cute.struct.Align[cute.struct.MemRange[Float32, TILE], SMEM_ALIGN]
             changes: cute.struct.Align[cute.struct.MemRange[Int32, 2], SMEM_ALIGN]
@@ -291,8 +306,9 @@ class SsdForward:
         return SharedStorage
 
     @cute.jit
-    def _load_block(self, a, g2s, tid, gx, gz, gB, gC, ident_x, ident_BC, sX, sZ, sB, sC, blk, stage, ptile, L):
+    def _load_block(self, a, tiles, blk, stage):
         """cp.async the block's x and z (their P slice), B and C rows into a stage; rows past L become zeros."""
+        g2s, tid, gx, gz, gB, gC, ident_x, ident_BC, sX, sZ, sB, sC, ptile, L = tiles
         thr = g2s.get_slice(tid)
         self._load_tile(g2s, thr, gx, ident_x, sX[None, None, stage], (TILE, P_TILE), (blk, ptile), L)
         if a.has_z != 0:
@@ -385,8 +401,8 @@ class SsdForward:
         return cute.arch.shuffle_sync(s1, 31)
 
     @cute.jit
-    def _segment(self, a, mma, acc_h, sX, sB, sC, sZ, sS, sXw, sH, sDelta, sCs, D_cols, out, row, h, p0, block_start,
-                 s0, s1, tid, L, io_type):
+    def _segment(self, a, mma, acc_h, sX, sB, sC, sZ, sS, sXw, sH, sY, sD, sDelta, sCs, out, row, h, ptile,
+                 block_start, s0, s1, tid, io_type):
         """Rows [s0, s1) of the block (one sequence): outputs, and h advanced past them.
 
         Everything per row or per column of a thread's accumulator fragment (cumsums, Δ, D) is read once,
@@ -449,19 +465,36 @@ class SsdForward:
             acc_h[e] = acc_h[e] * state_decay
         mma.gemm(acc_h, sXw, _transposed(sB, TILE, N), TILE // 16, b_transposed=True)
 
+        # y and h₀ of the next segment to shared memory, then y + D·x, the z gate and the store, row-wise
+        Y_smem = _mn_view(mma.thr.partition_C(sY))
         for r in cutlass.range_constexpr(cute.size(Y, mode=[0])):
-            i = Y_coords[r, 0][0]
-            tok = block_start + i
-            if (i >= s0) & (i < s1):
-                for c in cutlass.range_constexpr(cute.size(Y, mode=[1])):
-                    p = Y_coords[0, c][1]
-                    y = cute.math.fma(D_cols[c], sX[i, p].to(Float32), Y[r, c])
-                    if a.has_z != 0:
-                        y = y * silu(sZ[i, p].to(Float32))
-                    out[row, tok, h, p0 + p] = y.to(io_type)
+            for c in cutlass.range_constexpr(cute.size(Y, mode=[1])):
+                Y_smem[r, c] = Y[r, c]
         part_H = mma.thr.partition_C(sH)
         for e in cutlass.range_constexpr(cute.size(acc_h)):
             part_H[e] = acc_h[e].to(io_type)
+        cute.arch.sync_threads()
+        self._store_rows(a, sY, sX, sZ, sD, out, row, h, ptile, block_start, s0, s1, tid, io_type)
+
+    @cute.jit
+    def _store_rows(self, a, sY, sX, sZ, sD, out, row, h, ptile, block_start, s0, s1, tid, io_type):
+        """out = (y + D ⊙ x) · silu(z) for rows [s0, s1): four threads per row, 16 columns each, one vector
+        store per thread."""
+        W = P_TILE // 4
+        s = tid // 4
+        q = tid % 4
+        if (s >= s0) & (s < s1):
+            y = cute.make_rmem_tensor((W,), Float32)
+            cute.autovec_copy(cute.zipped_divide(sY[s, None], (W,))[None, q], y)
+            result = cute.make_rmem_tensor((W,), io_type)
+            for k in cutlass.range_constexpr(W):
+                p = q * W + k
+                v = cute.math.fma(sD[p], sX[s, p].to(Float32), y[k])
+                if a.has_z != 0:
+                    v = v * silu(sZ[s, p].to(Float32))
+                result[k] = v.to(io_type)
+            dst = cute.zipped_divide(out[row, block_start + s, h, None], (W,))[None, ptile * 4 + q]
+            cute.autovec_copy(result, dst)
 
     @cute.jit
     def _begin_sequence(self, a, states, mma, acc_h, sH, seq, h, p0, io_type):
