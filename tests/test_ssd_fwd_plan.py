@@ -1,0 +1,96 @@
+"""The ssd_fwd launch plan on the CPU: a valid call binds every kernel parameter with the right grid and
+variant; each bad input is refused with a typed error naming the argument, before the driver is touched."""
+import pytest
+
+from mamba2_aot import errors, runtime
+from mamba2_aot.plans import PLANS
+from mamba2_aot.tensors import as_device_array
+from runtime_fakes import fake_array, no_driver  # noqa: F401  (fixture)
+
+MB = 1 << 20
+BATCH, L, H, P, N, G = 2, 300, 8, 64, 128, 2
+
+
+def ssd_args(**over):
+    """Valid fake arguments (fp16 activations (the CAI fakes have no bf16)), each array in its own megabyte (16-byte aligned)."""
+    base = iter(range(0x10000000, 0x80000000, 64 * MB))
+    arr = lambda shape, dtype="fp16", strides=None: fake_array(next(base), shape, dtype, strides)  # noqa: E731
+    args = dict(x=arr((BATCH, L, H, P)), dt=arr((BATCH, L, H)), A=arr((H,), "fp32"), B=arr((BATCH, L, G, N)),
+                C=arr((BATCH, L, G, N)), out=arr((BATCH, L, H, P)), D=arr((H,), "fp32"), z=arr((BATCH, L, H, P)),
+                dt_bias=arr((H,), "fp32"), initial_states=arr((BATCH, H, P, N), "fp32"),
+                final_states=arr((BATCH, H, P, N), "fp32"), chunk_states=arr((BATCH, 3, H, P, N), "fp32"),
+                chunk_size=128, dt_softplus=True)
+    args.update(over)
+    return args
+
+
+def bind(**args):
+    plan = PLANS["ssd_fwd"]
+    return plan.bind(**{k: as_device_array(v, k) if k in plan.arrays and v is not None else v
+                        for k, v in args.items()})
+
+
+def test_valid_call_binds_every_parameter():
+    call = bind(**ssd_args())
+    assert set(call.params) == set(PLANS["ssd_fwd"].param_names)
+    assert call.grid == (P // 64, H, BATCH)
+    assert call.constants == {"headdim": P, "d_state": N, "io_dtype": "fp16", "state_dtype": "fp32"}
+    assert call.params["nchunks"] == 3 and call.params["num_seqs"] == BATCH
+    assert call.params["stride_D_dim"] == 0 and call.params["has_chunk_states"] == 1
+
+
+def test_cu_seqlens_launches_one_cta_row_per_sequence():
+    cu = fake_array(0x7f000000, (5,), "int32")
+    one = {"x": fake_array(0x20000000, (1, L, H, P), "fp16"), "dt": fake_array(0x24000000, (1, L, H), "fp16"),
+           "B": fake_array(0x28000000, (1, L, G, N), "fp16"), "C": fake_array(0x2c000000, (1, L, G, N), "fp16"),
+           "out": fake_array(0x30000000, (1, L, H, P), "fp16"), "z": fake_array(0x34000000, (1, L, H, P), "fp16")}
+    call = bind(**ssd_args(**one, cu_seqlens=cu, initial_states=fake_array(0x7e000000, (4, H, P, N), "fp32"),
+                           final_states=fake_array(0x7d000000, (4, H, P, N), "fp32"),
+                           chunk_states=fake_array(0x7c000000, (1, 3, H, P, N), "fp32")))
+    assert call.grid == (1, H, 4) and call.params["num_seqs"] == 4 and call.params["has_cu_seqlens"] == 1
+
+
+def test_pool_in_place_is_not_an_aliasing_error():
+    pool = fake_array(0x7f000000, (10, H, P, N), "fp16")
+    idx = fake_array(0x7e000000, (BATCH,), "int32")
+    call = bind(**ssd_args(initial_states=pool, final_states=pool, initial_state_indices=idx,
+                           final_state_indices=idx))
+    assert call.constants["state_dtype"] == "fp16" and call.params["num_final_slots"] == 10
+    assert all(a.name != "initial_states" for a in call.inputs)  # read and written: an output only
+
+
+SLICED = fake_array(0x70000000, (BATCH, L, H, P), "fp16", strides=(L * H * P * 2, H * P * 2, P + 4, 1))
+BAD = [
+    ({"chunk_size": 100}, errors.InvalidArgumentError, "chunk_size", "expected one of (64, 128, 256)"),
+    ({"x": fake_array(0x70000000, (BATCH, L, H, P), "fp32")}, errors.DTypeError, "x", "bf16 or fp16"),
+    ({"x": fake_array(0x70000000, (BATCH, L, H, 48), "fp16")}, errors.ShapeError, "x", "multiple of 64"),
+    ({"x": fake_array(0x70000002, (BATCH, L, H, P), "fp16")}, errors.AlignmentError, "x", "16-byte aligned"),
+    ({"x": SLICED}, errors.StrideError, "x", "multiples of 8"),
+    ({"B": fake_array(0x70000000, (BATCH, L, 3, N))}, errors.ShapeError, "B", "must divide nheads"),
+    ({"dt": fake_array(0x70000000, (BATCH, L, H), "fp32")}, errors.DTypeError, "dt", "expected dtype fp16"),
+    ({"initial_states": fake_array(0x70000000, (BATCH, H, P, N), "fp16")}, errors.InvalidArgumentError,
+     "final_states", "differs from initial_states"),
+    ({"final_states": fake_array(0x70000000, (BATCH, H, P, N), "fp32", strides=(H * P * N, P * N, 1, P))},
+     errors.StrideError, "final_states", "contiguous headdim"),
+    ({"chunk_states": fake_array(0x70000000, (BATCH, 2, H, P, N), "fp32")}, errors.ShapeError, "chunk_states",
+     "ceil(seqlen / chunk_size)"),
+    ({"seq_idx": fake_array(0x70000000, (BATCH, L), "int32")}, errors.ShapeError, "x",
+     "per-sequence states with seq_idx need batch == 1"),
+    ({"cu_seqlens": fake_array(0x70000000, (3,), "int32")}, errors.ShapeError, "x", "needs batch == 1"),
+    ({"initial_state_indices": fake_array(0x70000000, (BATCH,), "int32"), "initial_states": None},
+     errors.InvalidArgumentError, "initial_state_indices", "given without initial_states"),
+    ({"D": fake_array(0x70000000, (H, P + 1), "fp32")}, errors.ShapeError, "D", "(nheads,) or (nheads, headdim)"),
+    ({"out": fake_array(0x10000000, (BATCH, L, H, P), "fp16")}, errors.AliasingError, "out", "overlaps x"),
+]
+
+
+@pytest.mark.parametrize("change,error,argument,fragment", BAD)
+def test_refused_calls_name_the_argument_and_never_reach_the_driver(no_driver, change, error, argument, fragment):  # noqa: F811
+    with pytest.raises(error) as info:
+        runtime.launch("ssd_fwd", stream=0, **ssd_args(**change))
+    assert info.value.argument == argument
+    assert fragment in str(info.value)
+
+
+def test_workspace_is_zero():
+    assert runtime.workspace_size("ssd_fwd", **ssd_args()) == 0
