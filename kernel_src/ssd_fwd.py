@@ -34,16 +34,15 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warp
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, i64, ptr
-from kernel_src.ssm_math import delta_from_dt, silu
+from kernel_src.ssm_math import delta_from_dt, silu_approx
 
 TILE = 64        # tokens per block: the M and K extent of the intra-block products
 P_TILE = 64      # head-dim rows per CTA
-NUM_WARPS = 8    # MMA warps as 4 (M) × 2 (N)
-THREADS = NUM_WARPS * 32
 LOG2_E = math.log2(math.e)
 VECTOR = 8       # 16-byte cp.async of 16-bit elements: the runtime checks strides and bases for it
 SMEM_ALIGN = 128
 Y_STRIDE = P_TILE + 4   # fp32 row pitch of the staged outputs: fewer bank conflicts on the fragment writes
+CHUNK = 8        # elements per 16-byte shared-memory vector
 
 
 class SsdForward:
@@ -61,13 +60,21 @@ class SsdForward:
             if value not in allowed:
                 raise ValueError(f"{name} {value!r} not in {allowed}")
         self.headdim, self.d_state, self.io_dtype, self.state_dtype = headdim, d_state, io_dtype, state_dtype
-        self.block = (THREADS, 1, 1)
+        # Up to N = 128: 4 warps (2 × 2, warp tiles of 32 × 32: half the operand traffic of 16 × 32 tiles) and
+        # two CTAs per SM, one stage of x, z, B, C each (one CTA's loads and barriers overlap the other's MMAs).
+        # N = 256: 8 warps (4 × 2) hold the larger state, one CTA per SM.
+        self.warps = (2, 2) if d_state <= 128 else (4, 2)
+        self.threads = self.warps[0] * self.warps[1] * 32
+        self.min_ctas_per_sm = 2 if d_state <= 128 else 1
+        self.stages = 1
+        self.block = (self.threads, 1, 1)
         self.cluster = (1, 1, 1)
-        # Up to N = 128 two CTAs share an SM (one's loads and barriers overlap the other's MMAs), which leaves
-        # room for one stage of x, z, B, C; with N = 256 one CTA per SM prefetches the next block instead.
-        self.min_ctas_per_sm = 1
-        self.stages = 2
         self.dynamic_smem = sum(_aligned(n * size) for n, size in self._smem_buffers())
+
+    def _scratch_floats(self):
+        """One buffer holds S, the weighted x and the decayed C while the products run, then y (fp32)."""
+        operands = (TILE * TILE + TILE * P_TILE + TILE * self.d_state) * 2
+        return max(operands, TILE * Y_STRIDE * 4) // 4
 
     def _smem_buffers(self):
         """(elements, bytes per element) of every shared buffer, in SharedStorage order."""
@@ -75,8 +82,7 @@ class SsdForward:
         k = self.stages
         return [(k * TILE * P_TILE, 2), (k * TILE * P_TILE, 2),                 # x, z
                 (k * TILE * N, 2), (k * TILE * N, 2),                           # B, C
-                (TILE * TILE, 2), (P_TILE * TILE, 2), (P_TILE * N, 2),          # S, weighted xᵀ, h₀
-                (TILE * Y_STRIDE, 4), (P_TILE, 4),                              # y (fp32), D
+                (self._scratch_floats(), 4), (P_TILE * N, 2), (P_TILE, 4),     # scratch, h₀, D
                 (TILE, 4), (TILE, 4), (2, 4)]                                   # Δ, cs, sequence changes
 
     def params(self):
@@ -181,22 +187,24 @@ class SsdForward:
         sZ = storage.z.get_tensor(_smem_layout((TILE, P_TILE, stages)))
         sB = storage.B.get_tensor(_smem_layout((TILE, N, stages)))
         sC = storage.C.get_tensor(_smem_layout((TILE, N, stages)))
-        sY = storage.y.get_tensor(cute.make_layout((TILE, P_TILE), stride=(Y_STRIDE, 1)))
+        operands = cute.recast_ptr(storage.scratch.data_ptr(), dtype=io_type)
+        sS = cute.make_tensor(operands, _smem_layout((TILE, TILE)))
+        sXw = cute.make_tensor(operands + TILE * TILE, _smem_layout((TILE, P_TILE)))
+        sCe = cute.make_tensor(operands + TILE * (TILE + P_TILE), _smem_layout((TILE, N)))
+        sY = storage.scratch.get_tensor(cute.make_layout((TILE, P_TILE), stride=(Y_STRIDE, 1)))
         sD = storage.D.get_tensor(cute.make_layout((P_TILE,)))
-        sS = storage.S.get_tensor(_smem_layout((TILE, TILE)))
-        sXw = storage.xw.get_tensor(_smem_layout((P_TILE, TILE)))
         sH = storage.h.get_tensor(_smem_layout((P_TILE, N)))
         sDelta = storage.delta.get_tensor(cute.make_layout((TILE,)))
         sCs = storage.cs.get_tensor(cute.make_layout((TILE,)))
         sChanges = storage.changes.get_tensor(cute.make_layout((2,)))
 
-        tiled_mma = cute.make_tiled_mma(warp.MmaF16BF16Op(io_type, Float32, (16, 8, 16)), cute.make_layout((4, 2, 1)),
-                                        permutation_mnk=(64, 32, 16))
+        tiled_mma = cute.make_tiled_mma(warp.MmaF16BF16Op(io_type, Float32, (16, 8, 16)), cute.make_layout((self.warps[0], self.warps[1], 1)),
+                                        permutation_mnk=(self.warps[0] * 16, self.warps[1] * 16, 16))
         mma = MmaParts(tiled_mma, tid, io_type)
         g2s = cute.make_tiled_copy_tv(
             cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), io_type,
                                 num_bits_per_copy=128),
-            cute.make_layout((THREADS // 8, 8), stride=(8, 1)), cute.make_layout((1, VECTOR)))
+            cute.make_layout((self.threads // 8, 8), stride=(8, 1)), cute.make_layout((1, VECTOR)))
         gx = x[row, None, h, None]
         gz = z[row, None, h, None]
         gB = Bm[row, None, g, None]
@@ -270,7 +278,7 @@ class SsdForward:
                     self._begin_sequence(a, states, mma, acc_h, sH, seq, h, p0, io_type)
                 cute.arch.sync_threads()  # h₀ in shared memory, and every warp done with the last segment
                 self._segment(a, mma, acc_h, sX[None, None, stage], sB[None, None, stage], sC[None, None, stage],
-                              sZ[None, None, stage], sS, sXw, sH, sY, sD, sDelta, sCs, out, row, h, ptile,
+                              sZ[None, None, stage], sS, sXw, sCe, sY, sH, sD, sDelta, sCs, out, row, h, ptile,
                               block_start, seg, seg_end, tid, io_type)
                 seg = seg_end
 
@@ -291,10 +299,8 @@ class SsdForward:
             z: cute.struct.Align[cute.struct.MemRange[io_type, k * TILE * P_TILE], SMEM_ALIGN]
             B: cute.struct.Align[cute.struct.MemRange[io_type, k * TILE * N], SMEM_ALIGN]
             C: cute.struct.Align[cute.struct.MemRange[io_type, k * TILE * N], SMEM_ALIGN]
-            S: cute.struct.Align[cute.struct.MemRange[io_type, TILE * TILE], SMEM_ALIGN]
-            xw: cute.struct.Align[cute.struct.MemRange[io_type, P_TILE * TILE], SMEM_ALIGN]
+            scratch: cute.struct.Align[cute.struct.MemRange[Float32, self._scratch_floats()], SMEM_ALIGN]
             h: cute.struct.Align[cute.struct.MemRange[io_type, P_TILE * N], SMEM_ALIGN]
-            y: cute.struct.Align[cute.struct.MemRange[Float32, TILE * Y_STRIDE], SMEM_ALIGN]
             D: cute.struct.Align[cute.struct.MemRange[Float32, P_TILE], SMEM_ALIGN]
             delta: cute.struct.Align[cute.struct.MemRange[Float32, TILE], SMEM_ALIGN]
             cs: cute.struct.Align[cute.struct.MemRange[Float32, TILE], SMEM_ALIGN]
@@ -401,27 +407,24 @@ class SsdForward:
         return cute.arch.shuffle_sync(s1, 31)
 
     @cute.jit
-    def _segment(self, a, mma, acc_h, sX, sB, sC, sZ, sS, sXw, sH, sY, sD, sDelta, sCs, out, row, h, ptile,
+    def _segment(self, a, mma, acc_h, sX, sB, sC, sZ, sS, sXw, sCe, sY, sH, sD, sDelta, sCs, out, row, h, ptile,
                  block_start, s0, s1, tid, io_type):
         """Rows [s0, s1) of the block (one sequence): outputs, and h advanced past them.
 
-        Everything per row or per column of a thread's accumulator fragment (cumsums, Δ, D) is read once,
-        and masks are selects, so the shared-memory reads of a phase are all in flight together."""
+        y = [S | e ⊙ C] · [x ; h₀ᵀ] is one accumulation (e_i = the entering state's decay to row i, folded into
+        C's rows), so only h and one other accumulator are live at a time. Per-row and per-column values of a
+        thread's fragment are read once, and masks are selects."""
         N = self.d_state
-        acc_s = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
-        acc_y = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P_TILE)), Float32)
-        acc_s.fill(0.0)
-        acc_y.fill(0.0)
-        # C·Bᵀ and C·h₀ᵀ share the C fragments (K = N)
-        mma.gemm2(acc_s, acc_y, sC, sB, sH, N // 16)
-
         zero = Float32(0.0)
         base = zero
         if s0 > 0:
             base = sCs[s0 - 1]
         cs_end = sCs[s1 - 1]
 
-        # S = C·Bᵀ ⊙ 2^(cs_i - cs_j) Δ_j on s0 <= j <= i < s1, into shared memory as an MMA operand
+        # S = C·Bᵀ ⊙ 2^(cs_i - cs_j) Δ_j on s0 <= j <= i < s1
+        acc_s = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
+        acc_s.fill(0.0)
+        mma.gemm(acc_s, sC, sB, N // 16)
         S = _mn_view(acc_s)
         S_coords = _mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, TILE))))
         S_smem = _mn_view(mma.thr.partition_C(sS))
@@ -440,61 +443,71 @@ class SsdForward:
                 j = S_coords[0, c][1]
                 decay = cute.math.exp2(cute.math.min(cs_i - cs_cols[c], zero), fastmath=True)
                 keep = in_rows & (j <= i)
-                S_smem[r, c] = Float32(cutlass.select_(keep, S[r, c] * decay * delta_cols[c], zero)).to(io_type)
+                S[r, c] = Float32(cutlass.select_(keep, S[r, c] * decay * delta_cols[c], zero))
+        _store_pairs(S, S_smem, io_type)
 
-        # (Δ_s 2^(cs_end - cs_s) x_s)ᵀ: four threads per row s, 16 columns each
-        s = tid // 4
-        weight = cute.math.exp2(cute.math.min(cs_end - sCs[s], zero), fastmath=True) * sDelta[s]
+        # row-wise, 16-byte vectors: e_s C_s, and Δ_s 2^(cs_end - cs_s) x_s (zero outside the segment)
+        per_row = self.threads // TILE
+        s = tid // per_row
+        part = tid % per_row
+        cs_s = sCs[s]
+        row_decay = cute.math.exp2(cute.math.min(cs_s - base, zero), fastmath=True)
         in_segment = (s >= s0) & (s < s1)
-        for k in cutlass.range_constexpr(P_TILE // 4):
-            p = (tid % 4) * (P_TILE // 4) + k
-            sXw[p, s] = Float32(cutlass.select_(in_segment, sX[s, p].to(Float32) * weight, zero)).to(io_type)
+        weight = Float32(cutlass.select_(in_segment, cute.math.exp2(cute.math.min(cs_end - cs_s, zero),
+                                                                    fastmath=True) * sDelta[s], zero))
+        _scale_row(sC, sCe, s, part, per_row, row_decay, io_type)
+        _scale_row(sX, sXw, s, part, per_row, weight, io_type)
+        cute.arch.sync_threads()  # S, e ⊙ C and the weighted x are complete
 
-        # the entering state's contribution decays from the segment start to each row
-        Y = _mn_view(acc_y)
-        Y_coords = _mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P_TILE))))
-        for r in cutlass.range_constexpr(cute.size(Y, mode=[0])):
-            scale = cute.math.exp2(cute.math.min(sCs[Y_coords[r, 0][0]] - base, zero), fastmath=True)
-            for c in cutlass.range_constexpr(cute.size(Y, mode=[1])):
-                Y[r, c] = Y[r, c] * scale
-        cute.arch.sync_threads()  # S and the weighted xᵀ are complete
-
+        acc_y = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P_TILE)), Float32)
+        acc_y.fill(0.0)
         mma.gemm(acc_y, sS, _transposed(sX, TILE, P_TILE), TILE // 16, b_transposed=True)
+        mma.gemm(acc_y, sCe, sH, N // 16)
         state_decay = cute.math.exp2(cute.math.min(cs_end - base, zero), fastmath=True)
         for e in cutlass.range_constexpr(cute.size(acc_h)):
             acc_h[e] = acc_h[e] * state_decay
-        mma.gemm(acc_h, sXw, _transposed(sB, TILE, N), TILE // 16, b_transposed=True)
+        mma.gemm(acc_h, _transposed(sXw, TILE, P_TILE), _transposed(sB, TILE, N), TILE // 16,
+                 a_transposed=True, b_transposed=True)
+        cute.arch.sync_threads()  # every warp done reading the scratch operands and h₀
 
-        # y and h₀ of the next segment to shared memory, then y + D·x, the z gate and the store, row-wise
-        Y_smem = _mn_view(mma.thr.partition_C(sY))
-        for r in cutlass.range_constexpr(cute.size(Y, mode=[0])):
-            for c in cutlass.range_constexpr(cute.size(Y, mode=[1])):
-                Y_smem[r, c] = Y[r, c]
-        part_H = mma.thr.partition_C(sH)
-        for e in cutlass.range_constexpr(cute.size(acc_h)):
-            part_H[e] = acc_h[e].to(io_type)
+        # y (over the scratch) and h₀ of the next segment to shared memory, then the row-wise output pass
+        Y = _mn_view(acc_y)
+        _store_pairs(Y, _mn_view(mma.thr.partition_C(sY)), Float32)
+        _store_pairs(_mn_view(acc_h), _mn_view(mma.thr.partition_C(sH)), io_type)
         cute.arch.sync_threads()
         self._store_rows(a, sY, sX, sZ, sD, out, row, h, ptile, block_start, s0, s1, tid, io_type)
 
     @cute.jit
     def _store_rows(self, a, sY, sX, sZ, sD, out, row, h, ptile, block_start, s0, s1, tid, io_type):
-        """out = (y + D ⊙ x) · silu(z) for rows [s0, s1): four threads per row, 16 columns each, one vector
-        store per thread."""
-        W = P_TILE // 4
-        s = tid // 4
-        q = tid % 4
+        """out = (y + D ⊙ x) · silu(z) for rows [s0, s1): threads / 64 threads per row, each a run of columns
+        read and written as vectors."""
+        per_row = self.threads // TILE
+        W = P_TILE // per_row
+        s = tid // per_row
+        q = tid % per_row
         if (s >= s0) & (s < s1):
-            y = cute.make_rmem_tensor((W,), Float32)
-            cute.autovec_copy(cute.zipped_divide(sY[s, None], (W,))[None, q], y)
-            result = cute.make_rmem_tensor((W,), io_type)
-            for k in cutlass.range_constexpr(W):
-                p = q * W + k
-                v = cute.math.fma(sD[p], sX[s, p].to(Float32), y[k])
-                if a.has_z != 0:
-                    v = v * silu(sZ[s, p].to(Float32))
-                result[k] = v.to(io_type)
-            dst = cute.zipped_divide(out[row, block_start + s, h, None], (W,))[None, ptile * 4 + q]
-            cute.autovec_copy(result, dst)
+            dst = cute.zipped_divide(out[row, block_start + s, h, None], (W,))[None, ptile * per_row + q]
+            if a.has_z != 0:
+                self._store_run(sY, sX, sZ, sD, dst, s, q, W, True, io_type)
+            else:
+                self._store_run(sY, sX, sZ, sD, dst, s, q, W, False, io_type)
+
+    @cute.jit
+    def _store_run(self, sY, sX, sZ, sD, dst, s, q, W: cutlass.Constexpr, gated: cutlass.Constexpr,
+                   io_type: cutlass.Constexpr):
+        def chunk(tile, k):  # 8 consecutive columns (16 bytes of x or z, 32 of y): one vector
+            return cute.zipped_divide(tile, (CHUNK,))[None, k]
+
+        for k in cutlass.range_constexpr(W // CHUNK):
+            col = q * (W // CHUNK) + k
+            y = cute.make_rmem_tensor((CHUNK,), Float32)
+            y.store(chunk(sY[s, None], col).load() + chunk(sD, col).load() * chunk(sX[s, None], col).load().to(Float32))
+            if cutlass.const_expr(gated):
+                z = cute.make_rmem_tensor((CHUNK,), Float32)
+                z.store(chunk(sZ[s, None], col).load().to(Float32))
+                for e in cutlass.range_constexpr(CHUNK):
+                    y[e] = y[e] * silu_approx(z[e])
+            chunk(dst, k).store(y.load().to(io_type))
 
     @cute.jit
     def _begin_sequence(self, a, states, mma, acc_h, sH, seq, h, p0, io_type):
@@ -555,6 +568,7 @@ class MmaParts:
         ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), io_type)
         ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), io_type)
         self.copy_A = cute.make_tiled_copy_A(ldsm, tiled_mma)
+        self.copy_At = cute.make_tiled_copy_A(ldsm_t, tiled_mma)
         self.copy_B = cute.make_tiled_copy_B(ldsm, tiled_mma)
         self.copy_Bt = cute.make_tiled_copy_B(ldsm_t, tiled_mma)
 
@@ -563,33 +577,20 @@ class MmaParts:
         return thr.partition_S(smem), thr.retile(fragment)
 
     @cute.jit
-    def gemm(self, acc, sA, sB, k_blocks: cutlass.Constexpr, b_transposed: cutlass.Constexpr = False):
-        """acc (M × N) += sA (M × K) · sB (N × K)ᵀ, both K-contiguous (sB through a transposed view if asked)."""
+    def gemm(self, acc, sA, sB, k_blocks: cutlass.Constexpr, a_transposed: cutlass.Constexpr = False,
+             b_transposed: cutlass.Constexpr = False):
+        """acc (M × N) += sA (M × K) · sB (N × K)ᵀ from K-contiguous tiles, or from transposed views of
+        M- / N-contiguous ones (read with transposing ldmatrix) when asked."""
+        copy_A = self.copy_At if a_transposed else self.copy_A
         copy_B = self.copy_Bt if b_transposed else self.copy_B
         frag_A = self.thr.make_fragment_A(self.thr.partition_A(sA))
         frag_B = self.thr.make_fragment_B(self.thr.partition_B(sB))
-        src_A, dst_A = self._operand(self.copy_A, sA, frag_A)
+        src_A, dst_A = self._operand(copy_A, sA, frag_A)
         src_B, dst_B = self._operand(copy_B, sB, frag_B)
         for k in cutlass.range_constexpr(k_blocks):
-            cute.copy(self.copy_A, src_A[None, None, k], dst_A[None, None, k])
+            cute.copy(copy_A, src_A[None, None, k], dst_A[None, None, k])
             cute.copy(copy_B, src_B[None, None, k], dst_B[None, None, k])
             cute.gemm(self.tiled, acc, frag_A[None, None, k], frag_B[None, None, k], acc)
-
-    @cute.jit
-    def gemm2(self, acc1, acc2, sA, sB1, sB2, k_blocks: cutlass.Constexpr):
-        """acc1 += sA · sB1ᵀ and acc2 += sA · sB2ᵀ, loading each A fragment once."""
-        frag_A = self.thr.make_fragment_A(self.thr.partition_A(sA))
-        frag_B1 = self.thr.make_fragment_B(self.thr.partition_B(sB1))
-        frag_B2 = self.thr.make_fragment_B(self.thr.partition_B(sB2))
-        src_A, dst_A = self._operand(self.copy_A, sA, frag_A)
-        src_B1, dst_B1 = self._operand(self.copy_B, sB1, frag_B1)
-        src_B2, dst_B2 = self._operand(self.copy_B, sB2, frag_B2)
-        for k in cutlass.range_constexpr(k_blocks):
-            cute.copy(self.copy_A, src_A[None, None, k], dst_A[None, None, k])
-            cute.copy(self.copy_B, src_B1[None, None, k], dst_B1[None, None, k])
-            cute.copy(self.copy_B, src_B2[None, None, k], dst_B2[None, None, k])
-            cute.gemm(self.tiled, acc1, frag_A[None, None, k], frag_B1[None, None, k], acc1)
-            cute.gemm(self.tiled, acc2, frag_A[None, None, k], frag_B2[None, None, k], acc2)
 
 
 def _aligned(nbytes: int) -> int:
@@ -600,6 +601,30 @@ def _smem_layout(shape):
     """Rows of 64 16-bit elements (128 B) with the 3-bit swizzle ldmatrix reads without bank conflicts."""
     atom = cute.make_composed_layout(cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1)))
     return cute.tile_to_shape(atom, shape, tuple(range(len(shape))))
+
+
+@cute.jit
+def _scale_row(src, dst, s, part, per_row: cutlass.Constexpr, factor: Float32, io_type: cutlass.Constexpr):
+    """dst[s, cols] = src[s, cols] · factor for this thread's share of row s, 8 elements (16 bytes) at a time."""
+    chunks = cute.size(src, mode=[1]) // CHUNK
+    src_row = cute.zipped_divide(src[s, None], (CHUNK,))
+    dst_row = cute.zipped_divide(dst[s, None], (CHUNK,))
+    for k in cutlass.range_constexpr(chunks // per_row):
+        chunk = part * (chunks // per_row) + k
+        values = src_row[None, chunk].load().to(Float32) * factor
+        dst_row[None, chunk].store(values.to(io_type))
+
+
+@cute.jit
+def _store_pairs(frag, smem, dtype: cutlass.Constexpr):
+    """A fragment (rows, columns view) into its shared tile in ``dtype``: each thread's two adjacent columns
+    (an MMA accumulator pair) as one store."""
+    pair = cute.make_rmem_tensor((2,), dtype)
+    for r in cutlass.range_constexpr(cute.size(frag, mode=[0])):
+        for n in cutlass.range_constexpr(cute.size(frag, mode=[1]) // 2):
+            pair[0] = frag[r, (0, n)].to(dtype)
+            pair[1] = frag[r, (1, n)].to(dtype)
+            smem[r, (None, n)].store(pair.load())
 
 
 def _mn_view(acc):
