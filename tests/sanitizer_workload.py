@@ -38,5 +38,25 @@ for Q in (64, 256):
     nchunks = -(-300 // Q)
     runtime.launch("ssd_chunk_cumsum", dt=dt, A=-torch.rand(H, device=dev), chunk_size=Q, dt_softplus=True,
                    dt_out=torch.empty(2, H, nchunks, Q, device=dev), dA_cumsum=torch.empty(2, H, nchunks, Q, device=dev))
+# ssd_fwd: a partial last block, packed sequences starting inside blocks (both forms), a pool in place
+L = 150
+xs = torch.randn(1, L, H, P, device=dev).bfloat16()
+prefill = dict(x=xs, dt=torch.randn(1, L, H, device=dev).bfloat16(), A=-torch.rand(H, device=dev),
+               B=torch.randn(1, L, G, N, device=dev).bfloat16(), C=torch.randn(1, L, G, N, device=dev).bfloat16(),
+               D=torch.randn(H, device=dev), z=torch.randn_like(xs), dt_bias=torch.randn(H, device=dev),
+               dt_softplus=True, chunk_size=64)
+lengths = [70, 1, 79]
+cu_seqlens = torch.tensor([0, 70, 71, 150], dtype=torch.int32, device=dev)
+seq_idx = torch.repeat_interleave(torch.arange(3, dtype=torch.int32, device=dev),
+                                  torch.tensor(lengths, device=dev))[None]
+for packing in ({"cu_seqlens": cu_seqlens}, {"seq_idx": seq_idx}):
+    for state_dtype in (torch.float32, torch.bfloat16):
+        pool = torch.randn(slots, H, P, N, device=dev).to(state_dtype)
+        slots_used = torch.tensor([4, -1, 15], dtype=torch.int32, device=dev)
+        runtime.launch("ssd_fwd", out=torch.empty_like(xs), initial_states=pool, final_states=pool,
+                       initial_state_indices=slots_used, final_state_indices=slots_used,
+                       **packing, **prefill)
+runtime.launch("ssd_fwd", out=torch.empty_like(xs), final_states=torch.empty(1, H, P, N, device=dev),
+               chunk_states=torch.empty(1, 3, H, P, N, device=dev), **prefill)
 torch.cuda.synchronize()
 print("sanitizer workload done")

@@ -90,3 +90,18 @@ def test_stream_of_the_other_device_is_refused():
 def test_preload_prepares_every_device():
     loaded = runtime.preload(["verify"])
     assert {device for _key, device in loaded} == {0, 1}
+
+
+def test_ssd_fwd_on_the_second_device_while_the_first_is_current():
+    from reference import generators
+    inputs = generators.standard_inputs(2, 200, 8, 64, 128, 2, torch.bfloat16, seed=4, z=True, initial_states=True)
+    on1 = {k: v.to("cuda:1") if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    out = torch.empty_like(on1["x"])
+    final = torch.empty(2, 8, 64, 128, device="cuda:1")
+    with torch.cuda.device(0):
+        runtime.launch("ssd_fwd", **on1, out=out, final_states=final, chunk_size=64)
+    torch.cuda.synchronize(1)
+    ref = reference.ssd_reference(**inputs, chunk_size=64, return_final_states=True)
+    tol = reference.TOLERANCES["bf16"]
+    reference.assert_close_scaled(out.cpu(), ref["out"], tol["out"], "out")
+    reference.assert_close_scaled(final.cpu(), ref["final_states"], tol["states"], "final_states")

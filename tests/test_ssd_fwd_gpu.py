@@ -244,3 +244,26 @@ def test_every_built_variant(constants):
     state_tol = tol["states"] if state == "fp32" else reference.TOLERANCES[f"pool_{state}"]["states"] + tol["states"]
     reference.assert_close_scaled(got["final_states"].float().cpu(), ref["final_states"], state_tol, "final_states")
     reference.assert_close_scaled(got["chunk_states"].cpu(), ref["chunk_states"], tol["states"], "chunk_states")
+
+
+def test_prefill_into_a_pool_then_decode_equals_one_long_run():
+    """ssd_fwd writes each sequence's final state into its slot of an fp32 state pool; verify then decodes from
+    those slots with no conversion: prefill + 3 decode steps == the oracle over the whole sequence."""
+    _require(headdim=64, d_state=128, io_dtype="bf16", state_dtype="fp32")
+    batch, L, T, H, P, N, G = 3, 150, 3, 8, 64, 128, 2
+    full = generators.standard_inputs(batch, L + T, H, P, N, G, torch.bfloat16, seed=21, z=True)
+    rows = ("x", "dt", "B", "C", "z")
+    prefill = _to_cuda({k: (v[:, :L] if k in rows else v) for k, v in full.items()})
+    decode = _to_cuda({k: (v[:, L:] if k in rows else v) for k, v in full.items()})
+    pool = torch.zeros(8, H, P, N, device="cuda")
+    slots = torch.tensor([5, 0, 2], dtype=torch.int32, device="cuda")
+    _runtime().launch("ssd_fwd", **{k: prefill[k] for k in INPUT_KEYS if k in prefill}, out=torch.empty_like(prefill["x"]),
+                      dt_softplus=True, final_states=pool, final_state_indices=slots)
+    out = torch.empty_like(decode["x"])
+    _runtime().launch("verify", mode="update", state=pool, state_indices=slots, out=out, dt_softplus=True,
+                      **{k: decode[k] for k in INPUT_KEYS if k in decode})
+    torch.cuda.synchronize()
+    ref = _oracle(_to_cuda(full), final=True)
+    tol = reference.TOLERANCES["bf16"]
+    reference.assert_close_scaled(out.cpu(), ref["out"][:, L:], tol["out"], "decoded out")
+    reference.assert_close_scaled(pool[slots.long()].cpu(), ref["final_states"], tol["states"], "pool after decode")
