@@ -1,6 +1,6 @@
 """Benchmark the verify family against Triton's selective_state_update, side by side in one process.
 
-    PYTHONPATH=runtime:third_party_baseline python bench/bench_verify.py [--json results.json]
+    PYTHONPATH=runtime:third_party_baseline python bench/bench_verify.py      # (bench/run.py records results)
 
 Shape: H128 P64 N128 G8 (Nemotron-H-like decode), bf16 activations, fp32 state pool, batch 1/8/64/256,
 T = 1/4/8. Times are CUDA-graph replays (median over replays of a graph holding several launches, each
@@ -11,12 +11,11 @@ T single-token calls (it has no multi-token verify).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
 import torch
 
-from common import baseline_in_child, copy_bandwidth, graph_time_us, provenance
+from common import baseline_in_child, copy_bandwidth, eager_time_us, graph_time_us
 
 H, P, N, G = 128, 64, 128, 8
 BATCHES = (1, 8, 64, 256)
@@ -48,7 +47,7 @@ def io_bytes(batch, T):
     return batch * T * (3 * H * P * 2 + 2 * G * N * 2 + H * 2)  # x, z, out; B, C; dt
 
 
-def bench_ours(batch, T, bw):
+def bench_ours(batch, T, bw, modes=("update", "snapshot", "compact")):
     from mamba2_aot import runtime
     kw = inputs(batch, T)
     rotate = rotation(batch)
@@ -67,21 +66,28 @@ def bench_ours(batch, T, bw):
     common = dict(out=out, state_indices=src, dt_softplus=True, **kw)
     runtime.preload(["verify"])
     rows = {}
-    rows["update"] = graph_time_us(lambda i: runtime.launch("verify", mode="update", state=pools[i], **common), rotate)
-    rows["snapshot"] = graph_time_us(lambda i: runtime.launch(
-        "verify", mode="snapshot", state=pools[i], snapshot_indices=snaps, **common), rotate)
+
+    def update(i):
+        runtime.launch("verify", mode="update", state=pools[i], **common)
+    rows["update"] = graph_time_us(update, rotate)
+    update_eager_us = eager_time_us(update, rotate)
+    if "snapshot" in modes:
+        rows["snapshot"] = graph_time_us(lambda i: runtime.launch(
+            "verify", mode="snapshot", state=pools[i], snapshot_indices=snaps, **common), rotate)
 
     def compact(i, accepted):
         # restore the pending count the previous replay consumed, as a real decode loop's last call did
         windows[i]["window_count"].fill_(T)
         runtime.launch("verify", mode="compact", state=pools[i], num_accepted=accepted, **windows[i], **common)
-    fill = graph_time_us(lambda i: windows[i]["window_count"].fill_(T), rotate)
-    rows["compact"] = graph_time_us(lambda i: compact(i, accept), rotate) - fill
-    rows["compact_no_fold"] = graph_time_us(lambda i: compact(i, none_accepted), rotate) - fill
+    if "compact" in modes:
+        fill = graph_time_us(lambda i: windows[i]["window_count"].fill_(T), rotate)
+        rows["compact"] = graph_time_us(lambda i: compact(i, accept), rotate) - fill
+        rows["compact_no_fold"] = graph_time_us(lambda i: compact(i, none_accepted), rotate) - fill
     floors = {"update": 2 * state_bytes(batch), "snapshot": (1 + T) * state_bytes(batch),
               "compact": 2 * state_bytes(batch), "compact_no_fold": state_bytes(batch)}
-    return {mode: {"us": t, "floor_us": (floors[mode] + io_bytes(batch, T)) / bw * 1e6}
-            for mode, t in rows.items()}
+    result = {mode: {"us": t, "floor_us": (floors[mode] + io_bytes(batch, T)) / bw * 1e6} for mode, t in rows.items()}
+    result["update"]["eager_us"] = update_eager_us
+    return result
 
 
 def bench_triton(batch, T):
@@ -99,36 +105,29 @@ def bench_triton(batch, T):
             selective_state_update(pools[i], kw["x"][:, t], kw["dt"][:, t, :, None].expand(batch, H, P), A,
                                    kw["B"][:, t], kw["C"][:, t], D=D, z=kw["z"][:, t], dt_bias=dt_bias,
                                    dt_softplus=True, state_batch_indices=idx)
-    return graph_time_us(run, rotate)
+    return {"us": graph_time_us(run, rotate), "eager_us": eager_time_us(run, rotate)}
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--json")
     parser.add_argument("--batches", type=int, nargs="+", default=BATCHES)
     parser.add_argument("--ts", type=int, nargs="+", default=TS)
     parser.add_argument("--no-baseline", action="store_true", help="skip Triton's selective_state_update")
     args = parser.parse_args()
     bw = copy_bandwidth()
-    results = {"provenance": provenance(), "copy_bandwidth_GBps": bw / 1e9, "shape": dict(H=H, P=P, N=N, G=G),
-               "rows": []}
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s")
     print(f"{'batch':>5} {'T':>2} {'triton':>8} {'update':>8} {'(roof%)':>7} {'snapshot':>8} {'(roof%)':>7} "
           f"{'compact':>8} {'nofold':>8} {'upd/tri':>7} {'snap/cmp':>8}")
     for batch in args.batches:
         for T in args.ts:
             ours = bench_ours(batch, T, bw)
-            triton_us = float("nan") if args.no_baseline else baseline_in_child(bench_triton, batch, T)
-            row = {"batch": batch, "T": T, "triton_us": triton_us, **{f"{k}": v for k, v in ours.items()}}
-            results["rows"].append(row)
+            triton = None if args.no_baseline else baseline_in_child(bench_triton, batch, T)
+            triton_us = float("nan") if triton is None else triton["us"]
             u, s, c = ours["update"], ours["snapshot"], ours["compact"]
             print(f"{batch:>5} {T:>2} {triton_us:8.1f} {u['us']:8.1f} {100 * u['floor_us'] / u['us']:6.0f}% "
                   f"{s['us']:8.1f} {100 * s['floor_us'] / s['us']:6.0f}% {c['us']:8.1f} "
                   f"{ours['compact_no_fold']['us']:8.1f} {triton_us / u['us']:7.2f} {s['us'] / c['us']:8.2f}",
                   flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -36,6 +37,18 @@ def graph_time_us(fn, launches_per_graph: int) -> float:
     return times[len(times) // 2]
 
 
+def eager_time_us(fn, variants: int, calls: int = 50) -> float:
+    """Wall time per ``fn(i)`` call issued back to back from Python (``i`` cycling over ``variants``) until the
+    device is done: what a framework's eager mode sees, launch overhead included."""
+    fn(0)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for i in range(calls):
+        fn(i % variants)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
 def copy_bandwidth() -> float:
     """Bytes/s of a large copy done by SM threads (read + write counted): the roofline's bandwidth.
 
@@ -55,9 +68,9 @@ def _baseline_worker(fn, args, queue):
 
 
 def baseline_in_child(fn, *args) -> float:
-    """``fn(*args)`` (a baseline's time) in a fresh process: a CUDA error there (Triton's
+    """``fn(*args)`` (a baseline's measurement) in a fresh process: a CUDA error there (Triton's
     selective_state_update raised cudaErrorInvalidAddressSpace at batch 256, T >= 4 under graph capture on
-    the H200) must not poison this process's context. NaN when it fails or the baseline is not importable."""
+    the H200) must not poison this process's context. None when it fails or the baseline is not importable."""
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     child = ctx.Process(target=_baseline_worker, args=(fn, args, queue))
@@ -65,8 +78,9 @@ def baseline_in_child(fn, *args) -> float:
     child.join()
     if child.exitcode != 0 or queue.empty():
         print(f"  (baseline {fn.__name__}{args} failed: exit code {child.exitcode})", flush=True)
-        return float("nan")
-    return queue.get()
+        return None
+    result = queue.get()
+    return None if result != result else result  # NaN: the baseline is not importable
 
 
 def provenance():

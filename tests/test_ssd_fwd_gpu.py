@@ -2,7 +2,6 @@
 
 Needs a CUDA device and the ssd_fwd cubins (``scons`` output or installed wheels); see tests/conftest.py.
 """
-import math
 
 import pytest
 
