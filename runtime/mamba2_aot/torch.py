@@ -1,0 +1,159 @@
+"""PyTorch drop-ins for state-spaces/mamba's Triton entry points, on the prebuilt kernels.
+
+    from mamba2_aot.torch import mamba_chunk_scan_combined, selective_state_update
+
+Same signatures and return conventions as ``mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined`` and
+``mamba_ssm.ops.triton.selective_state_update.selective_state_update``; outputs are allocated with torch and
+the kernels run on torch's current stream. Both are ``torch.library`` custom ops (``mamba2_aot::ssd_fwd``,
+``mamba2_aot::state_update``) with fake (meta) implementations, so ``torch.compile(fullgraph=True)`` traces
+them; for CUDA-graph capture call ``mamba2_aot.preload()`` first (kernels are loaded outside capture).
+
+Importing this module needs torch; the rest of the package never imports it. Errors are the runtime's typed
+errors (``mamba2_aot.errors``), raised before anything is launched. Not yet: gradients (the SSD backward,
+``ssd_bwd``, is not built: a forward on inputs that require grad raises ``NotImplementedError`` rather than
+silently detaching), and ``return_final_states`` together with ``seq_idx`` (pass ``cu_seqlens``).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import runtime
+from .errors import InvalidArgumentError, ShapeError
+
+_STATE_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+@torch.library.custom_op("mamba2_aot::ssd_fwd", mutates_args=())
+def _ssd_fwd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int,
+             D: Optional[torch.Tensor], z: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
+             initial_states: Optional[torch.Tensor], seq_idx: Optional[torch.Tensor],
+             cu_seqlens: Optional[torch.Tensor], dt_softplus: bool, dt_min: float, dt_max: float,
+             num_seqs: int, state_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    out = torch.empty_like(x)
+    final_states = torch.empty(num_seqs, x.shape[2], x.shape[3], B.shape[3], dtype=state_dtype, device=x.device)
+    runtime.launch("ssd_fwd", x=x, dt=dt, A=A, B=B, C=C, out=out, chunk_size=chunk_size, D=D, z=z, dt_bias=dt_bias,
+                   dt_softplus=dt_softplus, dt_limit=(dt_min, dt_max), initial_states=initial_states,
+                   final_states=final_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens)
+    return out, final_states
+
+
+@_ssd_fwd.register_fake
+def _(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dt_min, dt_max,
+      num_seqs, state_dtype):
+    return torch.empty_like(x), x.new_empty((num_seqs, x.shape[2], x.shape[3], B.shape[3]), dtype=state_dtype)
+
+
+@torch.library.custom_op("mamba2_aot::state_update", mutates_args=("state",))
+def _state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                  C: torch.Tensor, D: Optional[torch.Tensor], z: Optional[torch.Tensor],
+                  dt_bias: Optional[torch.Tensor], dt_softplus: bool, state_indices: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(x)
+    runtime.launch("verify", mode="update", state=state, x=x, dt=dt, A=A, B=B, C=C, out=out, D=D, z=z,
+                   dt_bias=dt_bias, dt_softplus=dt_softplus, state_indices=state_indices)
+    return out
+
+
+@_state_update.register_fake
+def _(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_indices):
+    return torch.empty_like(x)
+
+
+def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                              seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                              return_final_states=False, return_varlen_states=False, state_dtype=None):
+    """The Mamba-2 chunked SSD forward (BRIEF §2), as state-spaces/mamba's function of the same name.
+
+    x (batch, L, H, P) bf16/fp16; dt (batch, L, H) in x's dtype; A (H,) fp32 (<= 0); B, C (batch, L, G, N);
+    D (H,) or (H, P) fp32; z like x; dt_bias (H,) fp32; initial_states (batch, H, P, N) (per sequence with
+    cu_seqlens: (num_seqs, H, P, N)); seq_idx (batch, L) int32; cu_seqlens (num_seqs + 1,) int32;
+    chunk_size 64, 128 or 256; state_dtype: dtype of the returned states (default fp32; bf16 / fp16 too).
+
+    Returns ``out`` (batch, L, H, P), then ``final_states`` (batch, H, P, N) if return_final_states, then
+    ``varlen_states`` (num_seqs, H, P, N) if return_varlen_states (needs cu_seqlens, batch 1). With
+    cu_seqlens the kernel packs by it (seq_idx, if also given, must describe the same sequences); with only
+    seq_idx a state reset happens at each change and ``initial_states`` is the first sequence's.
+    Raises the runtime's typed errors; ``NotImplementedError`` for gradients (no ssd_bwd yet).
+    """
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                       for t in (x, dt, A, B, C, D, z, dt_bias, initial_states)):
+        raise NotImplementedError("mamba2_aot: the SSD backward (ssd_bwd) is not built yet; call the forward "
+                                  "under torch.no_grad() or on tensors that do not require grad")
+    if return_varlen_states and cu_seqlens is None:
+        raise InvalidArgumentError("cu_seqlens", "cu_seqlens: required with return_varlen_states=True")
+    state_dtype = torch.float32 if state_dtype is None else state_dtype
+    if state_dtype not in _STATE_DTYPES:
+        raise InvalidArgumentError("state_dtype", f"state_dtype: expected one of {list(_STATE_DTYPES)}, got "
+                                   f"{state_dtype}")
+    packed_by_cu = cu_seqlens is not None
+    if packed_by_cu:
+        seq_idx = None  # the kernel packs by cu_seqlens
+        num_seqs = cu_seqlens.shape[0] - 1
+    elif seq_idx is not None:
+        if return_final_states:
+            raise InvalidArgumentError("return_final_states", "return_final_states: not supported with seq_idx "
+                                       "alone (the number of sequences is on the device); pass cu_seqlens")
+        num_seqs = 1 if initial_states is None else initial_states.shape[0]
+    else:
+        num_seqs = x.shape[0]
+    if initial_states is not None and initial_states.dtype != state_dtype:
+        initial_states = initial_states.to(state_dtype)
+    lo, hi = dt_limit
+    out, finals = _ssd_fwd(x, dt, A, B, C, int(chunk_size), D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                           bool(dt_softplus), float(lo), float(hi), num_seqs, state_dtype)
+    result = [out]
+    if return_final_states:
+        # a row's final state: that of its last sequence
+        result.append(finals[-1:] if packed_by_cu else finals)
+    if return_varlen_states:
+        result.append(finals)
+    return result[0] if len(result) == 1 else tuple(result)
+
+
+def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                           state_batch_indices=None):
+    """One decode step on a state pool, in place (BRIEF §2 "verify", update mode with T = 1), as
+    state-spaces/mamba's function of the same name.
+
+    state (batch or num_slots, H, P, N) fp32/bf16/fp16; x (batch, H, P); dt (batch, H, P) with stride 0 along P
+    (Mamba-2's tied dt, as ``dt[..., None].expand``) or (batch, H); A (H, P, N) tied (strides 0 along P, N) or
+    (H,) fp32; B, C (batch, G, N); D (H, P) or (H,); z like x; dt_bias (H, P) tied or (H,);
+    state_batch_indices (batch,) int32 (default: row b uses slot b). The 3-dim forms without a head dim work
+    too (one head). Returns out (batch, H, P) (or (batch, P)). Per-dim (untied) A, dt or dt_bias are Mamba-1
+    and not supported: InvalidArgumentError.
+    """
+    has_heads = state.dim() > 3
+    if not has_heads:
+        state, x, dt, z = state.unsqueeze(1), x.unsqueeze(1), dt.unsqueeze(1), None if z is None else z.unsqueeze(1)
+        B, C = B.unsqueeze(1), C.unsqueeze(1)
+        A = A.unsqueeze(0) if A.dim() == 2 else A
+        D = None if D is None else D.unsqueeze(0)
+        dt_bias = None if dt_bias is None else dt_bias.unsqueeze(0)
+    A = _tied("A", A, 3)
+    dt = _tied("dt", dt, 3)
+    dt_bias = None if dt_bias is None else _tied("dt_bias", dt_bias, 2)
+    if D is not None and D.dim() == 2 and D.stride(-1) == 0:
+        D = D[:, 0]
+    if state_batch_indices is None:
+        state_batch_indices = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
+    out = _state_update(state, x[:, None], dt[:, None], A, B[:, None], C[:, None], D,
+                        None if z is None else z[:, None], dt_bias, bool(dt_softplus), state_batch_indices)[:, 0]
+    return out if has_heads else out[:, 0]
+
+
+def _tied(name: str, t: torch.Tensor, full_rank: int) -> torch.Tensor:
+    """Mamba-2's per-head value from a tensor expanded over its trailing (P[, N]) dims with stride 0."""
+    if t.dim() == full_rank - (2 if name == "A" else 1):
+        return t
+    if t.dim() != full_rank:
+        raise ShapeError(name, f"{name}: expected {full_rank} dims (expanded per head) or the per-head form, got "
+                         f"shape {tuple(t.shape)}")
+    trailing = t.stride()[full_rank - (2 if name == "A" else 1):]
+    if any(s != 0 for s in trailing):
+        raise InvalidArgumentError(name, f"{name}: only Mamba-2's per-head values are supported (expanded with "
+                                   f"stride 0 over the trailing dims), got strides {t.stride()}")
+    return t[(slice(None),) * (t.dim() - len(trailing)) + (0,) * len(trailing)]
+
+
+__all__ = ["mamba_chunk_scan_combined", "selective_state_update"]

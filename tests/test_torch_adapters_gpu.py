@@ -1,0 +1,133 @@
+"""mamba2_aot.torch: the drop-in functions against the oracle and (when its source is on the path) against
+state-spaces/mamba's Triton functions on the same inputs; torch.compile(fullgraph=True) and CUDA-graph replay
+give the eager results."""
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+
+import reference  # noqa: E402
+from reference import generators  # noqa: E402
+
+TOL = reference.TOLERANCES["bf16"]
+
+
+def _adapters():
+    from mamba2_aot import torch as adapters
+    return adapters
+
+
+def _cuda(d):
+    return {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in d.items()}
+
+
+def _forward_inputs(seed=0, **kw):
+    inputs = _cuda(generators.standard_inputs(2, 300, 8, 64, 128, 2, torch.bfloat16, seed=seed, z=True, **kw))
+    inputs.pop("dt_softplus")
+    return inputs
+
+
+def test_chunk_scan_combined_matches_the_oracle_and_triton():
+    inputs = _forward_inputs(initial_states=True)
+    out, final = _adapters().mamba_chunk_scan_combined(**inputs, chunk_size=128, dt_softplus=True,
+                                                       return_final_states=True)
+    ref = reference.ssd_reference(**inputs, dt_softplus=True, return_final_states=True)
+    reference.assert_close_scaled(out.cpu(), ref["out"], TOL["out"], "out")
+    reference.assert_close_scaled(final.cpu(), ref["final_states"], TOL["states"], "final_states")
+    triton = pytest.importorskip("mamba_ssm.ops.triton.ssd_combined")
+    t_out, t_final = triton.mamba_chunk_scan_combined(**inputs, chunk_size=128, dt_softplus=True,
+                                                      return_final_states=True)
+    reference.assert_close_scaled(out.cpu(), t_out.cpu(), TOL["out"], "out vs Triton")
+    reference.assert_close_scaled(final.cpu(), t_final.cpu(), TOL["states"], "final_states vs Triton")
+
+
+def test_varlen_states_with_cu_seqlens():
+    inputs = _cuda(generators.packed_inputs(8, 64, 128, 2, torch.bfloat16, seed=3, chunk_size=64, z=True))
+    inputs.pop("dt_softplus")
+    seq_idx = inputs.pop("seq_idx")
+    out, final, varlen = _adapters().mamba_chunk_scan_combined(**inputs, seq_idx=seq_idx, chunk_size=64,
+                                                               dt_softplus=True, return_final_states=True,
+                                                               return_varlen_states=True)
+    ref = reference.ssd_reference(**inputs, dt_softplus=True, return_final_states=True)
+    reference.assert_close_scaled(out.cpu(), ref["out"], TOL["out"], "out")
+    reference.assert_close_scaled(varlen.cpu(), ref["final_states"], TOL["states"], "varlen_states")
+    assert torch.equal(final, varlen[-1:])
+
+
+def _decode_inputs(batch=4, H=8, P=64, N=128, G=2, seed=0):
+    """Triton-style decode arguments: per-head A, dt, dt_bias, D expanded over (P[, N]) with stride 0."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g, device="cuda")  # noqa: E731
+    A = -torch.exp(torch.rand(H, generator=g, device="cuda") * 2.0)
+    dt = (0.5 * r(batch, H)).bfloat16()
+    dt_bias, D = torch.rand(H, generator=g, device="cuda") - 3, r(H)
+    return dict(x=r(batch, H, P).bfloat16(), dt=dt[..., None].expand(batch, H, P), A=A[:, None, None].expand(H, P, N),
+                B=r(batch, G, N).bfloat16(), C=r(batch, G, N).bfloat16(), D=D[:, None].expand(H, P),
+                z=r(batch, H, P).bfloat16(), dt_bias=dt_bias[:, None].expand(H, P), dt_softplus=True), \
+        dict(A=A, dt=dt, dt_bias=dt_bias, D=D)
+
+
+def test_selective_state_update_matches_the_oracle_and_triton():
+    args, per_head = _decode_inputs()
+    pool = torch.randn(10, 8, 64, 128, device="cuda")
+    idx = torch.tensor([7, 2, 9, 0], dtype=torch.int32, device="cuda")
+    ours_pool = pool.clone()
+    out = _adapters().selective_state_update(ours_pool, **args, state_batch_indices=idx)
+    oracle = {k: v for k, v in args.items() if k not in per_head}
+    ref = reference.verify_update(pool.cpu(), idx.cpu(), **{k: v[:, None] if k in ("x", "B", "C", "z") else v
+                                                            for k, v in oracle.items()},
+                                  dt=per_head["dt"][:, None], A=per_head["A"], dt_bias=per_head["dt_bias"],
+                                  D=per_head["D"], pool_dtype=torch.float32)
+    reference.assert_close_scaled(out.cpu(), ref.out[:, 0], TOL["out"], "out")
+    reference.assert_close_scaled(ours_pool.cpu(), ref.pool, reference.TOLERANCES["fp32"]["states"], "pool")
+    triton = pytest.importorskip("mamba_ssm.ops.triton.selective_state_update")
+    t_pool = pool.clone()
+    t_out = triton.selective_state_update(t_pool, **args, state_batch_indices=idx)
+    reference.assert_close_scaled(out.cpu(), t_out.cpu(), TOL["out"], "out vs Triton")
+    reference.assert_close_scaled(ours_pool.cpu(), t_pool.cpu(), reference.TOLERANCES["fp32"]["states"],
+                                  "pool vs Triton")
+
+
+def test_torch_compile_fullgraph_and_cuda_graph_replay_give_the_eager_results():
+    import mamba2_aot
+    adapters = _adapters()
+    inputs = _forward_inputs(seed=5)
+    args, _ = _decode_inputs(seed=6)
+    pool = torch.randn(4, 8, 64, 128, device="cuda")
+
+    def step(inputs, args, pool):
+        out = adapters.mamba_chunk_scan_combined(**inputs, chunk_size=64, dt_softplus=True)
+        y = adapters.selective_state_update(pool, **args)
+        return out, y
+
+    eager_pool = pool.clone()
+    eager = step(inputs, args, eager_pool)
+    compiled_pool = pool.clone()
+    compiled = torch.compile(step, fullgraph=True)(inputs, args, compiled_pool)
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)
+    assert torch.equal(eager_pool, compiled_pool)
+
+    mamba2_aot.preload(["ssd_fwd", "verify"])
+    graph_pool = pool.clone()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        step(inputs, args, graph_pool.clone())  # warm up the allocator on the capture stream
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        captured = step(inputs, args, graph_pool)
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(eager, captured):
+        assert torch.equal(a, b)
+    assert torch.equal(eager_pool, graph_pool)
+
+
+def test_gradients_are_refused_not_silently_dropped():
+    inputs = _forward_inputs(seed=7)
+    inputs["x"] = inputs["x"].requires_grad_()
+    with pytest.raises(NotImplementedError, match="ssd_bwd"):
+        _adapters().mamba_chunk_scan_combined(**inputs, chunk_size=64, dt_softplus=True)
+    with torch.no_grad():
+        _adapters().mamba_chunk_scan_combined(**inputs, chunk_size=64, dt_softplus=True)
