@@ -111,5 +111,8 @@ def provenance():
     except OSError:
         pass
     import mamba2_aot
+    from mamba2_aot import manifest
     info["mamba2_aot"] = mamba2_aot.__version__
+    # how the cubins were built (the DSL is not needed, or present, where they run)
+    info["cubins"] = {m.arch: dict(m.toolchain) for m in manifest.catalog().manifests}
     return info

@@ -28,7 +28,9 @@ def _ratio(row: dict) -> str:
 def provenance_line(d: dict) -> str:
     p = d["provenance"]
     driver = str(p.get("driver", "?")).split()[0]
+    dsl = sorted({f"{t.get('cutlass_dsl')} ({t.get('cuda_flavour')})" for t in p.get("cubins", {}).values()})
     return (f"{p['gpu']}, driver {driver}, CUDA {p['cuda']}, torch {p['torch']}, Triton {p.get('triton', '-')}, "
+            f"cubins from CuTe DSL {', '.join(dsl) or '?'}, "
             f"mamba2_aot {p['mamba2_aot']} at {str(p['git_revision'])[:12]}{' (dirty)' if p['git_dirty'] else ''}; "
             f"`{p['command']}`; SM copy bandwidth {d['copy_bandwidth_GBps']:.0f} GB/s.")
 
@@ -44,6 +46,18 @@ def ssd_fwd_section(rows: list) -> list[str]:
                      f"({_us(o['eager_us'])}) | {_ratio(r)} | {_us(r['floor_us'])} | "
                      f"{100 * r['roofline_fraction']:.0f}% | {o['workspace_bytes'] / 1e6:.1f} MB / "
                      f"{'–' if ws_t is None else f'{ws_t / 1e6:.1f} MB'} |")
+    return lines + [""]
+
+
+def chunk_cumsum_section(rows: list) -> list[str]:
+    lines = ["### ssd_chunk_cumsum vs Triton's `_chunk_cumsum_fwd`, bf16 dt, fp32 outputs", "",
+             "| shape | Triton µs (eager) | ours µs (eager) | speedup | floor µs | % of roofline |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        t, o = _triton(r), r["ours"]
+        lines.append(f"| {r['shape']} | {_us(t.get('us'))} ({_us(t.get('eager_us'))}) | {_us(o['us'])} "
+                     f"({_us(o['eager_us'])}) | {_ratio(r)} | {_us(r['floor_us'])} | "
+                     f"{100 * r['roofline_fraction']:.0f}% |")
     return lines + [""]
 
 
@@ -132,6 +146,8 @@ def main():
         lines += [f"## {path.stem}", "", provenance_line(d), ""]
         if "ssd_fwd" in d:
             lines += ssd_fwd_section(d["ssd_fwd"])
+        if "ssd_chunk_cumsum" in d:
+            lines += chunk_cumsum_section(d["ssd_chunk_cumsum"])
         if "verify" in d:
             lines += verify_section(d["verify"])
         if "scaling" in d:

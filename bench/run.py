@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import bench_chunk_cumsum
 import bench_ssd_fwd
 import bench_verify
 from common import baseline_in_child, copy_bandwidth, provenance
@@ -80,7 +81,8 @@ def has_baseline() -> bool:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the results here")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["ssd_fwd", "verify", "scaling", "cold"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["ssd_fwd", "ssd_chunk_cumsum", "verify", "scaling",
+                                                                    "cold"])
     args = parser.parse_args()
     baseline = has_baseline()
     bw = copy_bandwidth()
@@ -94,6 +96,10 @@ def main():
             results["ssd_fwd"].append(row)
             print(f"ssd_fwd {s.name:<52} ours {row['ours']['us']:8.1f} us  triton "
                   f"{(row.get('triton') or {}).get('us', float('nan')):8.1f} us", flush=True)
+
+    if "ssd_chunk_cumsum" not in args.skip:
+        results["ssd_chunk_cumsum"] = bench_chunk_cumsum.measure(bw, baseline)
+        print("ssd_chunk_cumsum done", flush=True)
 
     if "verify" not in args.skip:
         results["verify"] = {"shape": dict(H=bench_verify.H, P=bench_verify.P, N=bench_verify.N, G=bench_verify.G),
