@@ -13,11 +13,12 @@ exponent is clamped at 0 (cs is non-increasing for A ≤ 0), so nothing overflow
 sequence are selected out, never multiplied by 0.
 
 One CTA owns one (64-row slice of P, head, sequence source) and walks its tokens in blocks of 64 aligned
-to the row, carrying the fp32 state h (64 × N) in the MMA accumulators; the next block's x, B, C are
-loaded (cp.async) while the current one is computed. The products C·Bᵀ, S·x, C·h₀ᵀ and (Δ-weighted x)ᵀ·B
-are bf16/fp16 warp MMAs (mma.sync m16n8k16, sm_80 and later) with fp32 accumulation; h is rounded to the
-I/O dtype only as an MMA operand for the C·h₀ᵀ term (as in the Triton kernels), never in the carried state.
-No per-chunk state goes through HBM and there is no workspace.
+to the row, carrying the fp32 state h (64 × N) in the MMA accumulators; x, z, B, C of a block are loaded
+with cp.async (two CTAs per SM overlap one's loads with the other's work). The products C·Bᵀ,
+[S | e ⊙ C]·[x ; h₀ᵀ] (e_t = 2^(cs_t - cs_0-)) and (Δ-weighted x)ᵀ·B are bf16/fp16 warp MMAs (mma.sync
+m16n8k16, sm_80 and later) with fp32 accumulation; h is rounded to the I/O dtype only as an MMA operand for
+the C·h₀ᵀ term (as in the Triton kernels), never in the carried state. No per-chunk state goes through HBM
+and there is no workspace.
 
 Sequence sources (the CTA's z index): row z of a (batch, L) input; sequence z of ``cu_seqlens`` (B == 1);
 or row z split at every change of ``seq_idx`` (blocks holding a sequence start are processed once per
@@ -61,12 +62,12 @@ class SsdForward:
                 raise ValueError(f"{name} {value!r} not in {allowed}")
         self.headdim, self.d_state, self.io_dtype, self.state_dtype = headdim, d_state, io_dtype, state_dtype
         # Up to N = 128: 4 warps (2 × 2, warp tiles of 32 × 32: half the operand traffic of 16 × 32 tiles) and
-        # two CTAs per SM, one stage of x, z, B, C each (one CTA's loads and barriers overlap the other's MMAs).
-        # N = 256: 8 warps (4 × 2) hold the larger state, one CTA per SM.
+        # two CTAs per SM (one CTA's loads and barriers overlap the other's MMAs). N = 256: 8 warps (4 × 2)
+        # hold the larger state, one CTA per SM. (A second buffer for prefetching x, z, B, C does not fit
+        # beside a second CTA; issuing each tile's next load as soon as it was free measured slower.)
         self.warps = (2, 2) if d_state <= 128 else (4, 2)
         self.threads = self.warps[0] * self.warps[1] * 32
         self.min_ctas_per_sm = 2 if d_state <= 128 else 1
-        self.stages = 1
         self.block = (self.threads, 1, 1)
         self.cluster = (1, 1, 1)
         self.dynamic_smem = sum(_aligned(n * size) for n, size in self._smem_buffers())
@@ -79,9 +80,7 @@ class SsdForward:
     def _smem_buffers(self):
         """(elements, bytes per element) of every shared buffer, in SharedStorage order."""
         N = self.d_state
-        k = self.stages
-        return [(k * TILE * P_TILE, 2), (k * TILE * P_TILE, 2),                 # x, z
-                (k * TILE * N, 2), (k * TILE * N, 2),                           # B, C
+        return [(TILE * P_TILE, 2), (TILE * P_TILE, 2), (TILE * N, 2), (TILE * N, 2),   # x, z, B, C
                 (self._scratch_floats(), 4), (P_TILE * N, 2), (P_TILE, 4),     # scratch, h₀, D
                 (TILE, 4), (TILE, 4), (2, 4)]                                   # Δ, cs, sequence changes
 
@@ -157,7 +156,7 @@ class SsdForward:
                    vec(a.stride_out_head), 1)
         D = view(a.D, (H, P), a.stride_D_head, a.stride_D_dim)
         seq_idx = view(a.seq_idx, (a.batch, L), a.stride_seq_idx_batch, a.stride_seq_idx_seqlen)
-        states = SimpleStates(
+        states = StateViews(
             initial=view(a.initial_states, (a.num_initial_slots, H, P, N), a.stride_initial_states_slot,
                          a.stride_initial_states_head, N, 1),
             initial_indices=view(a.initial_state_indices, (a.num_seqs,), a.stride_initial_state_indices_seq),
@@ -182,11 +181,10 @@ class SsdForward:
             seq = Int32(0)  # sequences of a seq_idx row are numbered from 0 (the runtime allows states only at B == 1)
 
         storage = cutlass.utils.SmemAllocator().allocate(self._shared_storage(io_type))
-        stages = self.stages
-        sX = storage.x.get_tensor(_smem_layout((TILE, P_TILE, stages)))
-        sZ = storage.z.get_tensor(_smem_layout((TILE, P_TILE, stages)))
-        sB = storage.B.get_tensor(_smem_layout((TILE, N, stages)))
-        sC = storage.C.get_tensor(_smem_layout((TILE, N, stages)))
+        sX = storage.x.get_tensor(_smem_layout((TILE, P_TILE)))
+        sZ = storage.z.get_tensor(_smem_layout((TILE, P_TILE)))
+        sB = storage.B.get_tensor(_smem_layout((TILE, N)))
+        sC = storage.C.get_tensor(_smem_layout((TILE, N)))
         operands = cute.recast_ptr(storage.scratch.data_ptr(), dtype=io_type)
         sS = cute.make_tensor(operands, _smem_layout((TILE, TILE)))
         sXw = cute.make_tensor(operands + TILE * TILE, _smem_layout((TILE, P_TILE)))
@@ -198,8 +196,9 @@ class SsdForward:
         sCs = storage.cs.get_tensor(cute.make_layout((TILE,)))
         sChanges = storage.changes.get_tensor(cute.make_layout((2,)))
 
-        tiled_mma = cute.make_tiled_mma(warp.MmaF16BF16Op(io_type, Float32, (16, 8, 16)), cute.make_layout((self.warps[0], self.warps[1], 1)),
-                                        permutation_mnk=(self.warps[0] * 16, self.warps[1] * 16, 16))
+        wm, wn = self.warps
+        tiled_mma = cute.make_tiled_mma(warp.MmaF16BF16Op(io_type, Float32, (16, 8, 16)), cute.make_layout((wm, wn, 1)),
+                                        permutation_mnk=(wm * 16, wn * 16, 16))
         mma = MmaParts(tiled_mma, tid, io_type)
         g2s = cute.make_tiled_copy_tv(
             cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), io_type,
@@ -231,10 +230,6 @@ class SsdForward:
         acc_h = cute.make_rmem_tensor(mma.thr.partition_shape_C((P_TILE, N)), Float32)
         self._begin_sequence(a, states, mma, acc_h, sH, seq, h, p0, io_type)
         tiles = (g2s, tid, gx, gz, gB, gC, ident_x, ident_BC, sX, sZ, sB, sC, ptile, L)
-        if cutlass.const_expr(stages == 2):
-            if blk_first < blk_end:
-                self._load_block(a, tiles, blk_first, Int32(0))
-            cute.arch.cp_async_commit_group()
 
         # Warp 0 keeps the raw dt (and seq_idx) of the next block in registers: rows lane and lane + 32.
         dt_next0 = Float32(0.0)
@@ -249,21 +244,14 @@ class SsdForward:
             dt_next0, dt_next1, seq_next0, seq_next1 = self._load_raw(a, dt, seq_idx, row, h, blk_first, lane, L)
 
         for blk in range(blk_first, blk_end):
-            stage = (blk - blk_first) % stages
-            if cutlass.const_expr(stages == 1):
-                cute.arch.sync_threads()  # every warp done with the previous block's tiles
-                self._load_block(a, tiles, blk, Int32(0))
-                cute.arch.cp_async_commit_group()
+            cute.arch.sync_threads()  # every warp done with the previous block's tiles
+            self._load_block(a, tiles, blk)
             if warp_id == 0:
                 prev_seq = self._scan_block(a, dt_next0, dt_next1, seq_next0, seq_next1, prev_seq, blk, start, end,
                                             bias, A_log2, sDelta, sCs, sChanges, lane)
                 dt_next0, dt_next1, seq_next0, seq_next1 = self._load_raw(a, dt, seq_idx, row, h, blk + 1, lane, L)
             cute.arch.cp_async_wait_group(0)
-            cute.arch.sync_threads()
-            if cutlass.const_expr(stages == 2):
-                if blk + 1 < blk_end:
-                    self._load_block(a, tiles, blk + 1, 1 - stage)
-                cute.arch.cp_async_commit_group()
+            cute.arch.sync_threads()  # the block's tiles, Δ and cumsums are in shared memory
 
             changes_lo = sChanges[0]
             changes_hi = sChanges[1]
@@ -277,9 +265,8 @@ class SsdForward:
                     seq = seq + 1
                     self._begin_sequence(a, states, mma, acc_h, sH, seq, h, p0, io_type)
                 cute.arch.sync_threads()  # h₀ in shared memory, and every warp done with the last segment
-                self._segment(a, mma, acc_h, sX[None, None, stage], sB[None, None, stage], sC[None, None, stage],
-                              sZ[None, None, stage], sS, sXw, sCe, sY, sH, sD, sDelta, sCs, out, row, h, ptile,
-                              block_start, seg, seg_end, tid, io_type)
+                self._segment(a, mma, acc_h, sX, sB, sC, sZ, sS, sXw, sCe, sY, sH, sD, sDelta, sCs, out, row, h,
+                              ptile, block_start, seg, seg_end, tid, io_type)
                 seg = seg_end
 
             if a.has_chunk_states != 0:
@@ -291,14 +278,14 @@ class SsdForward:
         self._end_sequence(a, states, mma, acc_h, seq, h, p0, state_type)
 
     def _shared_storage(self, io_type):
-        N, k = self.d_state, self.stages
+        N = self.d_state
 
         @cute.struct
         class SharedStorage:
-            x: cute.struct.Align[cute.struct.MemRange[io_type, k * TILE * P_TILE], SMEM_ALIGN]
-            z: cute.struct.Align[cute.struct.MemRange[io_type, k * TILE * P_TILE], SMEM_ALIGN]
-            B: cute.struct.Align[cute.struct.MemRange[io_type, k * TILE * N], SMEM_ALIGN]
-            C: cute.struct.Align[cute.struct.MemRange[io_type, k * TILE * N], SMEM_ALIGN]
+            x: cute.struct.Align[cute.struct.MemRange[io_type, TILE * P_TILE], SMEM_ALIGN]
+            z: cute.struct.Align[cute.struct.MemRange[io_type, TILE * P_TILE], SMEM_ALIGN]
+            B: cute.struct.Align[cute.struct.MemRange[io_type, TILE * N], SMEM_ALIGN]
+            C: cute.struct.Align[cute.struct.MemRange[io_type, TILE * N], SMEM_ALIGN]
             scratch: cute.struct.Align[cute.struct.MemRange[Float32, self._scratch_floats()], SMEM_ALIGN]
             h: cute.struct.Align[cute.struct.MemRange[io_type, P_TILE * N], SMEM_ALIGN]
             D: cute.struct.Align[cute.struct.MemRange[Float32, P_TILE], SMEM_ALIGN]
@@ -312,15 +299,17 @@ class SsdForward:
         return SharedStorage
 
     @cute.jit
-    def _load_block(self, a, tiles, blk, stage):
-        """cp.async the block's x and z (their P slice), B and C rows into a stage; rows past L become zeros."""
+    def _load_block(self, a, tiles, blk):
+        """cp.async the block's x and z (their P slice), B and C rows into shared memory (one commit group);
+        rows past L become zeros."""
         g2s, tid, gx, gz, gB, gC, ident_x, ident_BC, sX, sZ, sB, sC, ptile, L = tiles
         thr = g2s.get_slice(tid)
-        self._load_tile(g2s, thr, gx, ident_x, sX[None, None, stage], (TILE, P_TILE), (blk, ptile), L)
+        self._load_tile(g2s, thr, gx, ident_x, sX, (TILE, P_TILE), (blk, ptile), L)
         if a.has_z != 0:
-            self._load_tile(g2s, thr, gz, ident_x, sZ[None, None, stage], (TILE, P_TILE), (blk, ptile), L)
-        self._load_tile(g2s, thr, gB, ident_BC, sB[None, None, stage], (TILE, self.d_state), (blk, 0), L)
-        self._load_tile(g2s, thr, gC, ident_BC, sC[None, None, stage], (TILE, self.d_state), (blk, 0), L)
+            self._load_tile(g2s, thr, gz, ident_x, sZ, (TILE, P_TILE), (blk, ptile), L)
+        self._load_tile(g2s, thr, gB, ident_BC, sB, (TILE, self.d_state), (blk, 0), L)
+        self._load_tile(g2s, thr, gC, ident_BC, sC, (TILE, self.d_state), (blk, 0), L)
+        cute.arch.cp_async_commit_group()
 
     @cute.jit
     def _load_tile(self, g2s, thr, src, ident, dst, tile, coord, L):
@@ -550,7 +539,7 @@ class SsdForward:
             dst[p0 + coords[e][0], coords[e][1]] = acc_h[e].to(state_type)
 
 
-class SimpleStates:
+class StateViews:
     """The state tensors of a call, by role (a plain holder: passed whole to the helpers)."""
 
     def __init__(self, initial, initial_indices, final, final_indices, chunks):

@@ -91,7 +91,8 @@ def test_matches_oracle_with_every_option(P, N, G):
 def test_lengths_and_optional_inputs(L, D):
     _require(headdim=64, d_state=128, io_dtype="bf16", state_dtype="fp32")
     inputs = _to_cuda(generators.standard_inputs(3, L, 8, 64, 128, 2, torch.bfloat16, seed=L, D=D, z=D is None))
-    _check(_run(inputs, chunk_size=64, final=True, chunks=True), _oracle(inputs, chunk_size=64, final=True, chunks=True))
+    _check(_run(inputs, chunk_size=64, final=True, chunks=True),
+           _oracle(inputs, chunk_size=64, final=True, chunks=True))
 
 
 def test_hot_inputs():
@@ -116,7 +117,8 @@ def test_packed_sequences(packing, Q):
 def test_packed_equals_separate_runs_and_split_sequences_carry_states():
     """One packed call == each sequence alone; a sequence split in two calls (final -> initial) == one call."""
     _require(headdim=64, d_state=128, io_dtype="bf16", state_dtype="fp32")
-    inputs = _to_cuda(generators.packed_inputs(8, 64, 128, 2, torch.bfloat16, seed=5, chunk_size=64, lengths=[70, 1, 130]))
+    inputs = _to_cuda(generators.packed_inputs(8, 64, 128, 2, torch.bfloat16, seed=5, chunk_size=64,
+                                               lengths=[70, 1, 130]))
     inputs.pop("seq_idx")
     packed = _run(inputs, chunk_size=64, final=True)
     cu = inputs["cu_seqlens"].tolist()
@@ -228,7 +230,8 @@ def _built_variants():
         return []
 
 
-@pytest.mark.parametrize("constants", _built_variants(), ids=lambda c: "-".join(f"{k}{v}" for k, v in sorted(c.items())))
+@pytest.mark.parametrize("constants", _built_variants(),
+                         ids=lambda c: "-".join(f"{k}{v}" for k, v in sorted(c.items())))
 def test_every_built_variant(constants):
     """Each variant in the build (the full matrix in a full build) against the oracle, pool dtype included."""
     P, N, io, state = constants["headdim"], constants["d_state"], constants["io_dtype"], constants["state_dtype"]
@@ -256,8 +259,9 @@ def test_prefill_into_a_pool_then_decode_equals_one_long_run():
     decode = _to_cuda({k: (v[:, L:] if k in rows else v) for k, v in full.items()})
     pool = torch.zeros(8, H, P, N, device="cuda")
     slots = torch.tensor([5, 0, 2], dtype=torch.int32, device="cuda")
-    _runtime().launch("ssd_fwd", **{k: prefill[k] for k in INPUT_KEYS if k in prefill}, out=torch.empty_like(prefill["x"]),
-                      dt_softplus=True, final_states=pool, final_state_indices=slots)
+    _runtime().launch("ssd_fwd", **{k: prefill[k] for k in INPUT_KEYS if k in prefill},
+                      out=torch.empty_like(prefill["x"]), dt_softplus=True, final_states=pool,
+                      final_state_indices=slots)
     out = torch.empty_like(decode["x"])
     _runtime().launch("verify", mode="update", state=pool, state_indices=slots, out=out, dt_softplus=True,
                       **{k: decode[k] for k in INPUT_KEYS if k in decode})

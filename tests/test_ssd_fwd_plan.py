@@ -12,7 +12,7 @@ BATCH, L, H, P, N, G = 2, 300, 8, 64, 128, 2
 
 
 def ssd_args(**over):
-    """Valid fake arguments (fp16 activations (the CAI fakes have no bf16)), each array in its own megabyte (16-byte aligned)."""
+    """Valid fake arguments (fp16 activations: the CAI fakes have no bf16), each array 64 MiB apart."""
     base = iter(range(0x10000000, 0x80000000, 64 * MB))
     arr = lambda shape, dtype="fp16", strides=None: fake_array(next(base), shape, dtype, strides)  # noqa: E731
     args = dict(x=arr((BATCH, L, H, P)), dt=arr((BATCH, L, H)), A=arr((H,), "fp32"), B=arr((BATCH, L, G, N)),
