@@ -36,14 +36,15 @@ cu_seqlens             (num_seqs + 1,) or None         int32         packed sequ
 ``nchunks = ceil(L / chunk_size)``; chunk_size is 64, 128 or 256 and only places ``chunk_states`` (the kernel
 computes in 64-token blocks whatever the chunk size). The state dtype (the variant's) is the dtype of the
 state arrays: fp32, or bf16 / fp16 for state pools; initial and final states share it. Each (sequence or slot,
-head) state block is a contiguous P × N matrix. x, B and C are read with 16-byte vector copies: their data
-pointers must be 16-byte aligned and their batch, L and head/group strides multiples of 8 elements (true of
-dense tensors and of column slices of a fused projection whose widths are multiples of 8).
+head) state block is a contiguous P × N matrix. x, z, B and C are read and out written with 16-byte vectors:
+their data pointers must be 16-byte aligned and their batch, L and head/group strides multiples of 8 elements
+(true of dense tensors and of column slices of a fused projection whose widths are multiples of 8).
 
 Sequences (what ``num_seqs`` counts): without packing, row b is sequence b. With ``cu_seqlens`` (batch 1),
-sequence i is tokens cu_seqlens[i]:cu_seqlens[i+1]. With ``seq_idx``, a row is split wherever seq_idx changes;
-per-sequence states then need batch 1 (sequences numbered 0, 1, ... along L, num_seqs being the state arrays'
-first dim; sequences past it get a zero initial state and no final state). A sequence start resets the state
+sequence i is tokens cu_seqlens[i]:cu_seqlens[i+1] (non-decreasing; entries are clamped to [0, L], so a bad
+one never reads out of bounds). With ``seq_idx`` (non-decreasing along L), a row is split wherever seq_idx
+changes; per-sequence states then need batch 1 (sequences numbered 0, 1, ... along L, num_seqs being the state
+arrays' first dim; sequences past it get a zero initial state and no final state). A sequence start resets the state
 to that sequence's initial state. Reading and writing one pool (initial_states is final_states) is allowed:
 a sequence reads its slot before writing; slots written must not be read by another sequence of the call.
 
@@ -145,6 +146,7 @@ class SsdForwardPlan(LaunchPlan):
         record_strides(params, dt, ("batch", "seqlen", "head"))
         record_strides(params, A, ("head",))
         record_strides(params, out, ("batch", "seqlen", "head"))
+        _expect_vector_operand(out)
         inputs, outputs = [x, dt, A, B, C], [out]
 
         if D is not None:
@@ -158,6 +160,7 @@ class SsdForwardPlan(LaunchPlan):
             expect_dtype(z, io)
             expect_shape(z, x.shape, "(batch, seqlen, nheads, headdim) of x")
             record_strides(params, z, ("batch", "seqlen", "head"))
+            _expect_vector_operand(z)
         if dt_bias is not None:
             expect_dtype(dt_bias, ("fp32",))
             expect_shape(dt_bias, (nheads,), "(nheads,)")
@@ -260,7 +263,7 @@ class SsdForwardPlan(LaunchPlan):
 
 
 def _expect_vector_operand(arr) -> None:
-    """x, B and C are copied 16 bytes at a time: 16-byte aligned base, strides multiples of 8 elements."""
+    """x, z, B, C (and out) move 16 bytes at a time: 16-byte aligned base, strides multiples of 8 elements."""
     if arr.ptr % (VECTOR * arr.itemsize):
         raise AlignmentError(arr.name, f"{arr.name}: data pointer {arr.ptr:#x} must be 16-byte aligned")
     strides = arr.strides[:-1]
