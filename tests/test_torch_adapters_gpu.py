@@ -54,6 +54,22 @@ def test_varlen_states_with_cu_seqlens():
     assert torch.equal(final, varlen[-1:])
 
 
+def test_varlen_with_a_per_row_initial_state_as_triton_takes_it():
+    """initial_states (1, H, P, N) with cu_seqlens: the first sequence starts from it, the others from zero."""
+    inputs = _cuda(generators.packed_inputs(8, 64, 128, 2, torch.bfloat16, seed=4, chunk_size=64))
+    inputs.pop("dt_softplus")
+    row_state = inputs["initial_states"][:1].clone()
+    inputs["initial_states"] = row_state
+    out, varlen = _adapters().mamba_chunk_scan_combined(**inputs, chunk_size=64, dt_softplus=True,
+                                                        return_varlen_states=True)
+    per_seq = torch.zeros(inputs["cu_seqlens"].shape[0] - 1, *row_state.shape[1:], device="cuda")
+    per_seq[0] = row_state[0]
+    ref = reference.ssd_reference(**{**inputs, "initial_states": per_seq, "seq_idx": None}, dt_softplus=True,
+                                  return_final_states=True)
+    reference.assert_close_scaled(out.cpu(), ref["out"], TOL["out"], "out")
+    reference.assert_close_scaled(varlen.cpu(), ref["final_states"], TOL["states"], "varlen_states")
+
+
 def _decode_inputs(batch=4, H=8, P=64, N=128, G=2, seed=0):
     """Triton-style decode arguments: per-head A, dt, dt_bias, D expanded over (P[, N]) with stride 0."""
     g = torch.Generator(device="cuda").manual_seed(seed)

@@ -28,20 +28,21 @@ _STATE_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "
 @torch.library.custom_op("mamba2_aot::ssd_fwd", mutates_args=())
 def _ssd_fwd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int,
              D: Optional[torch.Tensor], z: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
-             initial_states: Optional[torch.Tensor], seq_idx: Optional[torch.Tensor],
-             cu_seqlens: Optional[torch.Tensor], dt_softplus: bool, dt_min: float, dt_max: float,
-             num_seqs: int, state_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+             initial_states: Optional[torch.Tensor], initial_state_indices: Optional[torch.Tensor],
+             seq_idx: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor], dt_softplus: bool, dt_min: float,
+             dt_max: float, num_seqs: int, state_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     out = torch.empty_like(x)
     final_states = torch.empty(num_seqs, x.shape[2], x.shape[3], B.shape[3], dtype=state_dtype, device=x.device)
     runtime.launch("ssd_fwd", x=x, dt=dt, A=A, B=B, C=C, out=out, chunk_size=chunk_size, D=D, z=z, dt_bias=dt_bias,
                    dt_softplus=dt_softplus, dt_limit=(dt_min, dt_max), initial_states=initial_states,
-                   final_states=final_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens)
+                   initial_state_indices=initial_state_indices, final_states=final_states, seq_idx=seq_idx,
+                   cu_seqlens=cu_seqlens)
     return out, final_states
 
 
 @_ssd_fwd.register_fake
-def _(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dt_min, dt_max,
-      num_seqs, state_dtype):
+def _(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, initial_state_indices, seq_idx, cu_seqlens,
+      dt_softplus, dt_min, dt_max, num_seqs, state_dtype):
     return torch.empty_like(x), x.new_empty((num_seqs, x.shape[2], x.shape[3], B.shape[3]), dtype=state_dtype)
 
 
@@ -71,9 +72,11 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     chunk_size 64, 128 or 256; state_dtype: dtype of the returned states (default fp32; bf16 / fp16 too).
 
     Returns ``out`` (batch, L, H, P), then ``final_states`` (batch, H, P, N) if return_final_states, then
-    ``varlen_states`` (num_seqs, H, P, N) if return_varlen_states (needs cu_seqlens, batch 1). With
-    cu_seqlens the kernel packs by it (seq_idx, if also given, must describe the same sequences); with only
-    seq_idx a state reset happens at each change and ``initial_states`` is the first sequence's.
+    ``varlen_states`` (num_seqs, H, P, N) if return_varlen_states (needs cu_seqlens, batch 1). As in
+    state-spaces/mamba, cu_seqlens is used only with return_varlen_states; the kernel then packs by it
+    (seq_idx, if also given, must describe the same sequences). Otherwise seq_idx packs, with a state reset at
+    each change. A (batch, H, P, N) ``initial_states`` is the first sequence's initial state in each row; with
+    cu_seqlens it may also be (num_seqs, H, P, N), one per sequence.
     Raises the runtime's typed errors; ``NotImplementedError`` for gradients (no ssd_bwd yet).
     """
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad
@@ -86,10 +89,17 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     if state_dtype not in _STATE_DTYPES:
         raise InvalidArgumentError("state_dtype", f"state_dtype: expected one of {list(_STATE_DTYPES)}, got "
                                    f"{state_dtype}")
+    if not return_varlen_states:
+        cu_seqlens = None  # state-spaces/mamba reads it only for the varlen states
     packed_by_cu = cu_seqlens is not None
+    initial_state_indices = None
     if packed_by_cu:
         seq_idx = None  # the kernel packs by cu_seqlens
         num_seqs = cu_seqlens.shape[0] - 1
+        if initial_states is not None and initial_states.shape[0] != num_seqs:
+            # the per-row form (batch 1): the first sequence starts from it, the others from zero
+            initial_state_indices = torch.full((num_seqs,), -1, dtype=torch.int32, device=x.device)
+            initial_state_indices[0] = 0
     elif seq_idx is not None:
         if return_final_states:
             raise InvalidArgumentError("return_final_states", "return_final_states: not supported with seq_idx "
@@ -100,8 +110,8 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     if initial_states is not None and initial_states.dtype != state_dtype:
         initial_states = initial_states.to(state_dtype)
     lo, hi = dt_limit
-    out, finals = _ssd_fwd(x, dt, A, B, C, int(chunk_size), D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-                           bool(dt_softplus), float(lo), float(hi), num_seqs, state_dtype)
+    out, finals = _ssd_fwd(x, dt, A, B, C, int(chunk_size), D, z, dt_bias, initial_states, initial_state_indices,
+                           seq_idx, cu_seqlens, bool(dt_softplus), float(lo), float(hi), num_seqs, state_dtype)
     result = [out]
     if return_final_states:
         # a row's final state: that of its last sequence
