@@ -9,8 +9,9 @@ with Δ_t = clamp(softplus?(dt_t + dt_bias[h]), lo, hi) and cs_t = Σ_{s ≤ t i
 
 where h_0 is the state entering the block (the previous block's end state, or the sequence's initial state
 at a sequence start) and cs_0- the cumsum just before the block's first token of that sequence. Every
-exponent is clamped at 0 (cs is non-increasing for A ≤ 0), so nothing overflows; tokens outside the
-sequence are selected out, never multiplied by 0.
+exponent is clamped at 0 (cs is non-increasing for A ≤ 0), so nothing overflows. S is selected to 0 outside
+the sequence; rows of x of another sequence sharing the block enter the products with weight 0 (finite
+inputs contribute nothing; padding past L is zero-filled).
 
 One CTA owns one (64-row slice of P, head, sequence source) and walks its tokens in blocks of 64 aligned
 to the row, carrying the fp32 state h (64 × N) in the MMA accumulators; x, z, B, C of a block are loaded

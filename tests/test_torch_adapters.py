@@ -37,3 +37,78 @@ def test_untied_per_dim_A_is_refused():
         adapters.selective_state_update(torch.zeros(2, 4, 64, 16), torch.zeros(2, 4, 64), torch.zeros(2, 4, 64), A,
                                         torch.zeros(2, 1, 16), torch.zeros(2, 1, 16))
     assert info.value.argument == "A"
+
+
+class RecordedLaunches:
+    """Stands in for runtime.launch (no GPU here): records each family and its keyword arguments."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, family, **kwargs):
+        self.calls.append((family, kwargs))
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    recorded = RecordedLaunches()
+    monkeypatch.setattr(adapters.runtime, "launch", recorded)
+    return recorded
+
+
+def test_seq_idx_packing_with_several_rows_asks_for_no_states(launches):
+    adapters.mamba_chunk_scan_combined(**_forward(x=torch.zeros(2, 8, 4, 64, dtype=torch.bfloat16),
+                                                  dt=torch.zeros(2, 8, 4, dtype=torch.bfloat16),
+                                                  B=torch.zeros(2, 8, 1, 64, dtype=torch.bfloat16),
+                                                  C=torch.zeros(2, 8, 1, 64, dtype=torch.bfloat16),
+                                                  seq_idx=torch.zeros(2, 8, dtype=torch.int32)))
+    (family, kw), = launches.calls
+    assert family == "ssd_fwd" and kw["final_states"] is None and kw["seq_idx"] is not None
+    assert kw["cu_seqlens"] is None and kw["initial_states"] is None
+
+
+def test_cu_seqlens_packs_when_the_varlen_states_or_a_single_seq_idx_row_need_it(launches):
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    out, final, varlen = adapters.mamba_chunk_scan_combined(
+        **_forward(cu_seqlens=cu, seq_idx=torch.tensor([[0] * 3 + [1] * 5], dtype=torch.int32),
+                   initial_states=torch.ones(1, 4, 64, 64, dtype=torch.bfloat16)),
+        return_final_states=True, return_varlen_states=True)
+    (_, kw), = launches.calls
+    assert kw["seq_idx"] is None and kw["cu_seqlens"] is cu
+    assert kw["final_states"].shape == (2, 4, 64, 64) and kw["final_states"].dtype == torch.float32
+    assert kw["initial_states"].dtype == torch.float32
+    assert kw["initial_state_indices"].tolist() == [0, -1]          # the row's state starts sequence 0 only
+    assert torch.all(out == 0)                                        # rows outside sequences: zeros
+    assert final.shape == (1, 4, 64, 64) and final.dtype == torch.float32
+    assert varlen.shape == (2, 4, 64, 64) and varlen.dtype == torch.bfloat16   # C's dtype, as Triton returns
+
+
+def test_cu_seqlens_alone_is_ignored_as_state_spaces_mamba_does(launches):
+    adapters.mamba_chunk_scan_combined(**_forward(cu_seqlens=torch.tensor([0, 3, 8], dtype=torch.int32)))
+    (_, kw), = launches.calls
+    assert kw["cu_seqlens"] is None and kw["seq_idx"] is None
+
+
+def test_initial_states_must_be_the_rows_or_one_per_sequence(launches):
+    with pytest.raises(errors.ShapeError) as info:
+        adapters.mamba_chunk_scan_combined(**_forward(cu_seqlens=torch.tensor([0, 2, 5, 8], dtype=torch.int32),
+                                                      initial_states=torch.zeros(2, 4, 64, 64)),
+                                           return_varlen_states=True)
+    assert info.value.argument == "initial_states" and not launches.calls
+
+
+def test_decode_takes_model_dtypes_and_int64_indices(launches):
+    H, P, N = 4, 64, 16
+    adapters.selective_state_update(torch.zeros(3, H, P, N), torch.zeros(2, H, P, dtype=torch.bfloat16),
+                                    torch.zeros(2, H, dtype=torch.bfloat16)[..., None].expand(2, H, P),
+                                    (-torch.ones(H))[:, None, None].expand(H, P, N),
+                                    torch.zeros(2, 1, N, dtype=torch.bfloat16),
+                                    torch.zeros(2, 1, N, dtype=torch.bfloat16),
+                                    D=torch.ones(H, dtype=torch.bfloat16)[:, None].expand(H, P),
+                                    dt_bias=torch.zeros(H, dtype=torch.bfloat16)[:, None].expand(H, P),
+                                    state_batch_indices=torch.tensor([2, 0]))
+    (family, kw), = launches.calls
+    assert family == "verify" and kw["mode"] == "update"
+    assert kw["D"].dtype == kw["dt_bias"].dtype == kw["A"].dtype == torch.float32
+    assert kw["D"].shape == (H,) and kw["A"].shape == (H,) and kw["dt"].shape == (2, 1, H)
+    assert kw["state_indices"].dtype == torch.int32

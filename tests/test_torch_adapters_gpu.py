@@ -47,7 +47,7 @@ def test_varlen_states_with_cu_seqlens():
     seq_idx = inputs.pop("seq_idx")
     out, final, varlen = _adapters().mamba_chunk_scan_combined(**inputs, seq_idx=seq_idx, chunk_size=64,
                                                                dt_softplus=True, return_final_states=True,
-                                                               return_varlen_states=True)
+                                                               return_varlen_states=True, state_dtype=torch.float32)
     ref = reference.ssd_reference(**inputs, dt_softplus=True, return_final_states=True)
     reference.assert_close_scaled(out.cpu(), ref["out"], TOL["out"], "out")
     reference.assert_close_scaled(varlen.cpu(), ref["final_states"], TOL["states"], "varlen_states")

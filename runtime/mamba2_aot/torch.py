@@ -30,20 +30,21 @@ def _ssd_fwd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor
              D: Optional[torch.Tensor], z: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
              initial_states: Optional[torch.Tensor], initial_state_indices: Optional[torch.Tensor],
              seq_idx: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor], dt_softplus: bool, dt_min: float,
-             dt_max: float, num_seqs: int, state_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    out = torch.empty_like(x)
-    final_states = torch.empty(num_seqs, x.shape[2], x.shape[3], B.shape[3], dtype=state_dtype, device=x.device)
+             dt_max: float, num_states: int, zero_fill: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    # rows outside every cu_seqlens sequence are not written by the kernel: zeros there, as a full scan gives
+    out = torch.zeros_like(x) if zero_fill else torch.empty_like(x)
+    final_states = torch.empty(num_states, x.shape[2], x.shape[3], B.shape[3], dtype=torch.float32, device=x.device)
     runtime.launch("ssd_fwd", x=x, dt=dt, A=A, B=B, C=C, out=out, chunk_size=chunk_size, D=D, z=z, dt_bias=dt_bias,
                    dt_softplus=dt_softplus, dt_limit=(dt_min, dt_max), initial_states=initial_states,
-                   initial_state_indices=initial_state_indices, final_states=final_states, seq_idx=seq_idx,
-                   cu_seqlens=cu_seqlens)
+                   initial_state_indices=initial_state_indices, final_states=final_states if num_states else None,
+                   seq_idx=seq_idx, cu_seqlens=cu_seqlens)
     return out, final_states
 
 
 @_ssd_fwd.register_fake
 def _(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, initial_state_indices, seq_idx, cu_seqlens,
-      dt_softplus, dt_min, dt_max, num_seqs, state_dtype):
-    return torch.empty_like(x), x.new_empty((num_seqs, x.shape[2], x.shape[3], B.shape[3]), dtype=state_dtype)
+      dt_softplus, dt_min, dt_max, num_states, zero_fill):
+    return torch.empty_like(x), x.new_empty((num_states, x.shape[2], x.shape[3], B.shape[3]), dtype=torch.float32)
 
 
 @torch.library.custom_op("mamba2_aot::state_update", mutates_args=("state",))
@@ -66,18 +67,20 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
                               return_final_states=False, return_varlen_states=False, state_dtype=None):
     """The Mamba-2 chunked SSD forward (BRIEF §2), as state-spaces/mamba's function of the same name.
 
-    x (batch, L, H, P) bf16/fp16; dt (batch, L, H) in x's dtype; A (H,) fp32 (<= 0); B, C (batch, L, G, N);
-    D (H,) or (H, P) fp32; z like x; dt_bias (H,) fp32; initial_states (batch, H, P, N) (per sequence with
-    cu_seqlens: (num_seqs, H, P, N)); seq_idx (batch, L) int32; cu_seqlens (num_seqs + 1,) int32;
-    chunk_size 64, 128 or 256; state_dtype: dtype of the returned states (default fp32; bf16 / fp16 too).
+    x (batch, L, H, P) bf16/fp16; dt (batch, L, H) in x's dtype; A (H,) (<= 0); B, C (batch, L, G, N);
+    D (H,) or (H, P); z like x; dt_bias (H,) (A, D, dt_bias are used in fp32); initial_states (batch, H, P, N);
+    seq_idx (batch, L) int32; cu_seqlens (num_seqs + 1,) int32; chunk_size 64, 128 or 256.
 
-    Returns ``out`` (batch, L, H, P), then ``final_states`` (batch, H, P, N) if return_final_states, then
-    ``varlen_states`` (num_seqs, H, P, N) if return_varlen_states (needs cu_seqlens, batch 1). As in
-    state-spaces/mamba, cu_seqlens is used only with return_varlen_states; the kernel then packs by it
-    (seq_idx, if also given, must describe the same sequences). Otherwise seq_idx packs, with a state reset at
-    each change. A (batch, H, P, N) ``initial_states`` is the first sequence's initial state in each row; with
-    cu_seqlens it may also be (num_seqs, H, P, N), one per sequence.
-    Raises the runtime's typed errors; ``NotImplementedError`` for gradients (no ssd_bwd yet).
+    Returns ``out`` (batch, L, H, P), then ``final_states`` (batch, H, P, N) fp32 if return_final_states, then
+    ``varlen_states`` (num_seqs, H, P, N) in ``state_dtype`` (default C's dtype) if return_varlen_states (needs
+    cu_seqlens, batch 1), as state-spaces/mamba returns them. The states are computed in fp32 whatever
+    ``state_dtype``. cu_seqlens packs the sequences when return_varlen_states is set, or when seq_idx is given
+    too with batch 1 (both must describe the same sequences); otherwise, as in state-spaces/mamba, it is
+    ignored and seq_idx packs, with a state reset at each change. ``initial_states`` is each row's first
+    sequence's initial state; with cu_seqlens it may also be (num_seqs, H, P, N), one per sequence.
+    Not supported (typed errors): ``initial_states`` or ``return_final_states`` with seq_idx packing and no
+    cu_seqlens when batch > 1 / at all (the sequence count is on the device). ``NotImplementedError`` for
+    gradients (no ssd_bwd yet).
     """
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                        for t in (x, dt, A, B, C, D, z, dt_bias, initial_states)):
@@ -85,40 +88,51 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
                                   "under torch.no_grad() or on tensors that do not require grad")
     if return_varlen_states and cu_seqlens is None:
         raise InvalidArgumentError("cu_seqlens", "cu_seqlens: required with return_varlen_states=True")
-    state_dtype = torch.float32 if state_dtype is None else state_dtype
-    if state_dtype not in _STATE_DTYPES:
+    varlen_dtype = C.dtype if state_dtype is None else state_dtype
+    if varlen_dtype not in _STATE_DTYPES:
         raise InvalidArgumentError("state_dtype", f"state_dtype: expected one of {list(_STATE_DTYPES)}, got "
                                    f"{state_dtype}")
-    if not return_varlen_states:
-        cu_seqlens = None  # state-spaces/mamba reads it only for the varlen states
-    packed_by_cu = cu_seqlens is not None
+    packed_by_cu = cu_seqlens is not None and (return_varlen_states or (seq_idx is not None and x.shape[0] == 1))
+    cu_seqlens = cu_seqlens if packed_by_cu else None
     initial_state_indices = None
+    if initial_states is not None:
+        initial_states = initial_states.float()
     if packed_by_cu:
         seq_idx = None  # the kernel packs by cu_seqlens
         num_seqs = cu_seqlens.shape[0] - 1
         if initial_states is not None and initial_states.shape[0] != num_seqs:
-            # the per-row form (batch 1): the first sequence starts from it, the others from zero
+            if initial_states.shape[0] != 1:
+                raise ShapeError("initial_states", f"initial_states: expected 1 (the row's) or num_seqs = {num_seqs} "
+                                 f"states with cu_seqlens, got {tuple(initial_states.shape)}")
+            # the row's state starts the first sequence; the others start from zero
             initial_state_indices = torch.full((num_seqs,), -1, dtype=torch.int32, device=x.device)
             initial_state_indices[0] = 0
+        num_states = num_seqs if (return_final_states or return_varlen_states) else 0
     elif seq_idx is not None:
         if return_final_states:
             raise InvalidArgumentError("return_final_states", "return_final_states: not supported with seq_idx "
-                                       "alone (the number of sequences is on the device); pass cu_seqlens")
-        num_seqs = 1 if initial_states is None else initial_states.shape[0]
+                                       "packing alone (the number of sequences is on the device); pass "
+                                       "cu_seqlens too (batch 1)")
+        if initial_states is not None and x.shape[0] != 1:
+            raise InvalidArgumentError("initial_states", "initial_states: with seq_idx packing only for batch 1 "
+                                       "(or pass cu_seqlens)")
+        num_states = 0
     else:
-        num_seqs = x.shape[0]
-    if initial_states is not None and initial_states.dtype != state_dtype:
-        initial_states = initial_states.to(state_dtype)
+        num_states = x.shape[0] if return_final_states else 0
     lo, hi = dt_limit
-    out, finals = _ssd_fwd(x, dt, A, B, C, int(chunk_size), D, z, dt_bias, initial_states, initial_state_indices,
-                           seq_idx, cu_seqlens, bool(dt_softplus), float(lo), float(hi), num_seqs, state_dtype)
+    out, finals = _ssd_fwd(x, dt, A.float(), B, C, int(chunk_size), _fp32(D), z, _fp32(dt_bias), initial_states,
+                           initial_state_indices, seq_idx, cu_seqlens, bool(dt_softplus), float(lo), float(hi),
+                           num_states, packed_by_cu)
     result = [out]
     if return_final_states:
-        # a row's final state: that of its last sequence
-        result.append(finals[-1:] if packed_by_cu else finals)
+        result.append(finals[-1:] if packed_by_cu else finals)  # a row's final state: its last sequence's
     if return_varlen_states:
-        result.append(finals)
+        result.append(finals.to(varlen_dtype))
     return result[0] if len(result) == 1 else tuple(result)
+
+
+def _fp32(t):
+    return None if t is None else t.float()
 
 
 def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
@@ -126,10 +140,11 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     """One decode step on a state pool, in place (BRIEF §2 "verify", update mode with T = 1), as
     state-spaces/mamba's function of the same name.
 
-    state (batch or num_slots, H, P, N) fp32/bf16/fp16; x (batch, H, P); dt (batch, H, P) with stride 0 along P
-    (Mamba-2's tied dt, as ``dt[..., None].expand``) or (batch, H); A (H, P, N) tied (strides 0 along P, N) or
-    (H,) fp32; B, C (batch, G, N); D (H, P) or (H,); z like x; dt_bias (H, P) tied or (H,);
-    state_batch_indices (batch,) int32 (default: row b uses slot b). The 3-dim forms without a head dim work
+    state (batch or num_slots, H, P, N) fp32/bf16/fp16; x (batch, H, P) bf16/fp16/fp32; dt (batch, H, P) in x's
+    dtype with stride 0 along P (Mamba-2's tied dt, as ``dt[..., None].expand``) or (batch, H); A (H, P, N) tied
+    (strides 0 along P, N) or (H,); B, C (batch, G, N) in x's dtype; D (H, P) or (H,); z like x; dt_bias (H, P)
+    tied or (H,) (A, D, dt_bias are used in fp32); state_batch_indices (batch,) integers (default: row b uses
+    slot b; negative: a padding row, output zero). The 3-dim forms without a head dim work
     too (one head). Returns out (batch, H, P) (or (batch, P)). Per-dim (untied) A, dt or dt_bias are Mamba-1
     and not supported: InvalidArgumentError.
     """
@@ -147,8 +162,9 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         D = D[:, 0]
     if state_batch_indices is None:
         state_batch_indices = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
-    out = _state_update(state, x[:, None], dt[:, None], A, B[:, None], C[:, None], D,
-                        None if z is None else z[:, None], dt_bias, bool(dt_softplus), state_batch_indices)[:, 0]
+    out = _state_update(state, x[:, None], dt[:, None], A.float(), B[:, None], C[:, None], _fp32(D),
+                        None if z is None else z[:, None], _fp32(dt_bias), bool(dt_softplus),
+                        state_batch_indices.to(torch.int32))[:, 0]
     return out if has_heads else out[:, 0]
 
 

@@ -46,7 +46,11 @@ one never reads out of bounds). With ``seq_idx`` (non-decreasing along L), a row
 changes; per-sequence states then need batch 1 (sequences numbered 0, 1, ... along L, num_seqs being the state
 arrays' first dim; sequences past it get a zero initial state and no final state). A sequence start resets the state
 to that sequence's initial state. Reading and writing one pool (initial_states is final_states) is allowed:
-a sequence reads its slot before writing; slots written must not be read by another sequence of the call.
+a sequence reads its slot before writing; slots written must be distinct and not read by another sequence
+of the call (as for verify). With cu_seqlens, tokens outside every sequence are not computed: their out rows
+and a chunk state whose last token is one of them are not written. A non-finite input value in one sequence
+can reach another sequence that shares its 64-token block (the block's products add every row, weighted by
+zero outside the sequence); padding past L is zero-filled and never contributes.
 
 No workspace. One CTA per (64 rows of P, head, row or sequence): grid rule ``headdim/64,heads,sequences``.
 """
@@ -194,7 +198,8 @@ class SsdForwardPlan(LaunchPlan):
                       for arr, idx in ((initial_states, initial_state_indices), (final_states, final_state_indices))
                       if arr is not None]
             num_seqs = counts[0] if counts else batch
-        expect_dim("x", "batch rows or sequences (grid z)", sources, maximum=GRID_YZ_MAX)
+        expect_dim("cu_seqlens" if cu_seqlens is not None else "x", "batch rows or sequences (grid z)", sources,
+                   maximum=GRID_YZ_MAX)
         params.update(num_seqs=num_seqs, has_seq_idx=int(seq_idx is not None),
                       has_cu_seqlens=int(cu_seqlens is not None))
 
