@@ -1,6 +1,8 @@
 """The ssd_fwd launch plan on the CPU: a valid call binds every kernel parameter with the right grid and
 variant; each bad input is refused with a typed error naming the argument, before the driver is touched."""
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mamba2_aot import errors, runtime
 from mamba2_aot.plans import PLANS
@@ -97,3 +99,56 @@ def test_refused_calls_name_the_argument_and_never_reach_the_driver(no_driver, c
 
 def test_workspace_is_zero():
     assert runtime.workspace_size("ssd_fwd", **ssd_args()) == 0
+
+
+@st.composite
+def strided_views(draw):
+    """x, z, out, B, C (fp16) as views of wider rows (padding a multiple of 8 elements, as a fused projection's
+    column slices are), dt as a strided column; a base offset that keeps (or, with ``misalign``, breaks) 16-byte
+    alignment of one vector operand."""
+    batch, L = draw(st.integers(1, 4)), draw(st.integers(1, 5000))
+    G = draw(st.sampled_from([1, 2, 4]))
+    H = G * draw(st.integers(1, 4))
+    P, N = draw(st.sampled_from([64, 128])), draw(st.sampled_from([64, 128, 256]))
+    pad = 8 * draw(st.integers(0, 3))
+    base = iter(range(1 << 32, 1 << 40, 1 << 31))  # 2 GiB apart: no two views overlap
+
+    def view(shape, inner):  # rows of `inner` elements plus padding, the last dims dense
+        row = inner + pad
+        strides = (L * row, row) + tuple(s for s in _dense(shape[2:]))
+        return fake_array(next(base), shape, "fp16", strides)
+
+    arrays = {"x": view((batch, L, H, P), H * P), "z": view((batch, L, H, P), H * P),
+              "out": view((batch, L, H, P), H * P), "B": view((batch, L, G, N), G * N),
+              "C": view((batch, L, G, N), G * N),
+              "dt": fake_array(next(base), (batch, L, H), "fp16", (L * (H + 3), H + 3, 1)),
+              "A": fake_array(next(base), (H,), "fp32"), "D": fake_array(next(base), (H, P), "fp32")}
+    misaligned = draw(st.sampled_from([None, "x", "z", "out", "B", "C"]))
+    if misaligned:
+        cai = arrays[misaligned].__cuda_array_interface__
+        arrays[misaligned] = fake_array(cai["data"][0] + 2 * draw(st.integers(1, 7)), cai["shape"], "fp16",
+                                        tuple(s // 2 for s in cai["strides"]))
+    return arrays, misaligned, (batch, H, P, N)
+
+
+def _dense(shape):
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= d
+    return tuple(reversed(strides))
+
+
+@given(strided_views())
+@settings(max_examples=60, deadline=None)
+def test_strided_views_bind_exactly_or_name_the_misaligned_operand(case):
+    arrays, misaligned, (batch, H, P, N) = case
+    if misaligned is None:
+        call = bind(**arrays, chunk_size=64)
+        assert call.grid == (P // 64, H, batch)
+        assert call.params["stride_x_seqlen"] == arrays["x"].__cuda_array_interface__["strides"][1] // 2
+        assert call.params["stride_dt_seqlen"] == H + 3 and call.params["has_z"] == 1
+    else:
+        with pytest.raises(errors.AlignmentError) as info:
+            bind(**arrays, chunk_size=64)
+        assert info.value.argument == misaligned
