@@ -25,6 +25,17 @@ def kernel_class(family: str):
     return getattr(importlib.import_module(module), cls)
 
 
+def unsupported(family: str, constants: dict, arch: str) -> str | None:
+    """Why a variant cannot be built for ``arch`` (its shared memory exceeds the arch's per-CTA limit), or
+    None. The build skips such variants for that arch; the runtime then reports them as not built there."""
+    from kernel_src.cubin_checks import SMEM_LIMIT
+
+    need = getattr(kernel_class(family)(**constants), "dynamic_smem", 0)
+    if need > SMEM_LIMIT[arch]:
+        return f"needs {need} B of shared memory per CTA, {arch} allows {SMEM_LIMIT[arch]} B"
+    return None
+
+
 def variant_key(family: str, constants: dict) -> str:
     """``family[a=1,b=x]``: the manifest's variant key (constants in name order)."""
     return f"{family}[" + ",".join(f"{k}={constants[k]}" for k in sorted(constants)) + "]"

@@ -69,6 +69,14 @@ def test_symbol_and_resources_checked(sm90):
         cubin_checks.check_resources(res, "sm_90a", cubin_checks.SMEM_LIMIT["sm_90a"] + 1)
 
 
+def test_variants_that_cannot_fit_an_arch_are_named_and_skipped():
+    from kernel_src.families import unsupported
+    big = {"headdim": 64, "d_state": 256, "io_dtype": "bf16", "state_dtype": "fp32"}
+    assert unsupported("ssd_fwd", big, "sm_90a") is None
+    assert "sm_120a allows 101376 B" in unsupported("ssd_fwd", big, "sm_120a")
+    assert unsupported("ssd_fwd", {**big, "d_state": 128}, "sm_120a") is None
+
+
 def test_failed_compile_names_the_variant(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "kernel_src.compile_variant", "--family", FAMILY,
                            "--constants", json.dumps({"chunk_size": 96, "dt_dtype": "bf16"}), "--arch", "sm_90a",
