@@ -9,9 +9,7 @@ from __future__ import annotations
 import torch
 
 from bench_ssd_fwd import REFERENCE_SHAPES
-from common import baseline_in_child, eager_time_us, graph_time_us
-
-ROTATE = 8  # distinct inputs per graph (the largest shape moves ~40 MB per call)
+from common import baseline_in_child, eager_time_us, graph_time_us, rotation
 
 
 def _inputs(batch, L, H, seed):
@@ -27,25 +25,27 @@ def floor_bytes(batch, L, H, Q) -> int:
 
 def bench_ours(batch, L, H, Q) -> dict:
     from mamba2_aot import runtime
-    sets = [_inputs(batch, L, H, i) for i in range(ROTATE)]
+    n = rotation(floor_bytes(batch, L, H, Q))
+    sets = [_inputs(batch, L, H, i) for i in range(n)]
     nchunks = -(-L // Q)
     outs = [(torch.empty(batch, H, nchunks, Q, device="cuda"), torch.empty(batch, H, nchunks, Q, device="cuda"))
-            for _ in range(ROTATE)]
+            for _ in range(n)]
 
     def run(i):
         runtime.launch("ssd_chunk_cumsum", **sets[i], dt_out=outs[i][0], dA_cumsum=outs[i][1], chunk_size=Q,
                        dt_softplus=True)
-    return {"us": graph_time_us(run, ROTATE), "eager_us": eager_time_us(run, ROTATE), "workspace_bytes": 0}
+    return {"us": graph_time_us(run, n), "eager_us": eager_time_us(run, n), "workspace_bytes": 0}
 
 
 def bench_triton(batch, L, H, Q) -> dict:
     from mamba_ssm.ops.triton.ssd_chunk_state import _chunk_cumsum_fwd
-    sets = [_inputs(batch, L, H, i) for i in range(ROTATE)]
+    n = rotation(floor_bytes(batch, L, H, Q))
+    sets = [_inputs(batch, L, H, i) for i in range(n)]
 
     def run(i):
         return _chunk_cumsum_fwd(sets[i]["dt"], sets[i]["A"], Q, dt_bias=sets[i]["dt_bias"], dt_softplus=True)
     run(0)
-    return {"us": graph_time_us(run, ROTATE), "eager_us": eager_time_us(run, ROTATE)}
+    return {"us": graph_time_us(run, n), "eager_us": eager_time_us(run, n)}
 
 
 def measure(bandwidth: float, baseline: bool) -> list[dict]:

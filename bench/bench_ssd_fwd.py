@@ -17,9 +17,8 @@ from typing import NamedTuple
 
 import torch
 
-from common import baseline_in_child, copy_bandwidth, eager_time_us, graph_time_us
+from common import baseline_in_child, copy_bandwidth, eager_time_us, graph_time_us, rotation
 
-L2_FLUSH_BYTES = 240e6  # distinct inputs per graph until one replay touches 4x the H200's 60 MB L2
 
 
 class Shape(NamedTuple):
@@ -67,13 +66,9 @@ def floor_bytes(s: Shape) -> int:
     return activations + s.batch * s.H * s.P * s.N * 4
 
 
-def copies(s: Shape) -> int:
-    return max(2, min(16, int(L2_FLUSH_BYTES // floor_bytes(s)) + 1))
-
-
 def bench_ours(s: Shape) -> dict:
     from mamba2_aot import runtime
-    n = copies(s)
+    n = rotation(floor_bytes(s), most=16)
     sets = [make_inputs(s, seed=i) for i in range(n)]
     outs = [torch.empty_like(x["x"]) for x in sets]
     finals = [torch.empty(s.batch, s.H, s.P, s.N, device="cuda") for _ in range(n)]
@@ -87,7 +82,7 @@ def bench_ours(s: Shape) -> dict:
 
 def bench_triton(s: Shape) -> dict:
     from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
-    n = copies(s)
+    n = rotation(floor_bytes(s), most=16)
     sets = [make_inputs(s, seed=i) for i in range(n)]
 
     def run(i):

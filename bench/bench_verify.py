@@ -11,16 +11,14 @@ T single-token calls (it has no multi-token verify).
 from __future__ import annotations
 
 import argparse
-import math
 
 import torch
 
-from common import baseline_in_child, copy_bandwidth, eager_time_us, graph_time_us
+from common import baseline_in_child, copy_bandwidth, eager_time_us, graph_time_us, rotation
 
 H, P, N, G = 128, 64, 128, 8
 BATCHES = (1, 8, 64, 256)
 TS = (1, 4, 8)
-L2_FLUSH_BYTES = 240e6  # distinct pools per graph until one replay touches 4x the H200's 60 MB L2
 
 
 def inputs(batch, T, seed=0):
@@ -38,11 +36,6 @@ def state_bytes(batch):
     return batch * H * P * N * 4
 
 
-def rotation(batch):
-    """How many pools a graph cycles through so that no launch finds its state in L2."""
-    return min(64, max(2, math.ceil(L2_FLUSH_BYTES / state_bytes(batch))))
-
-
 def io_bytes(batch, T):
     return batch * T * (3 * H * P * 2 + 2 * G * N * 2 + H * 2)  # x, z, out; B, C; dt
 
@@ -50,7 +43,7 @@ def io_bytes(batch, T):
 def bench_ours(batch, T, bw, modes=("update", "snapshot", "compact")):
     from mamba2_aot import runtime
     kw = inputs(batch, T)
-    rotate = rotation(batch)
+    rotate = rotation(state_bytes(batch))
     pools = [torch.randn(batch * (T + 1), H, P, N, device="cuda") for _ in range(rotate)]
     out = torch.empty(batch, T, H, P, dtype=torch.bfloat16, device="cuda")
     src = torch.arange(batch, dtype=torch.int32, device="cuda")
@@ -93,7 +86,7 @@ def bench_ours(batch, T, bw, modes=("update", "snapshot", "compact")):
 def bench_triton(batch, T):
     from mamba_ssm.ops.triton.selective_state_update import selective_state_update
     kw = inputs(batch, T)
-    rotate = rotation(batch)
+    rotate = rotation(state_bytes(batch))
     pools = [torch.randn(batch, H, P, N, device="cuda") for _ in range(rotate)]
     A = kw["A"][:, None, None].expand(H, P, N)
     dt_bias = kw["dt_bias"][:, None].expand(H, P)

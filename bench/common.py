@@ -2,6 +2,7 @@
 child process, and the provenance recorded with results (no local paths)."""
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import platform
@@ -12,6 +13,7 @@ import time
 import torch
 
 REPLAYS = 20
+L2_FLUSH_BYTES = 240e6  # what one graph replay touches: 4x the H200's 60 MB L2, so no launch finds its inputs there
 
 
 def graph_time_us(fn, launches_per_graph: int) -> float:
@@ -47,6 +49,11 @@ def eager_time_us(fn, variants: int, calls: int = 50) -> float:
         fn(i % variants)
     torch.cuda.synchronize()
     return (time.perf_counter() - start) / calls * 1e6
+
+
+def rotation(bytes_per_call: float, most: int = 64) -> int:
+    """How many distinct input sets a graph cycles through so that no launch finds its data in L2."""
+    return min(most, max(2, math.ceil(L2_FLUSH_BYTES / bytes_per_call)))
 
 
 def copy_bandwidth() -> float:
