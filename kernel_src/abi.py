@@ -52,6 +52,21 @@ def f32(name: str) -> Param:
     return Param(name, "f32")
 
 
+def strides(array: str, *dims: str) -> list[Param]:
+    """The int64 element strides of ``array`` the kernel takes, named ``stride_<array>_<dim>`` (the runtime's
+    ``validation.record_strides`` fills them by the same rule); a dim left out is contiguous or implied."""
+    return [i64(f"stride_{array}_{d}") for d in dims]
+
+
+def ssm_strides() -> list[Param]:
+    """The strides of the SSM inputs and output every SSM family takes, in kernel order: x, dt, A, B, C, D, z,
+    dt_bias, out, each (batch, seqlen, head | group)-indexed with its last dim contiguous."""
+    return [*strides("x", "batch", "seqlen", "head"), *strides("dt", "batch", "seqlen", "head"), *strides("A", "head"),
+            *strides("B", "batch", "seqlen", "group"), *strides("C", "batch", "seqlen", "group"),
+            *strides("D", "head", "dim"), *strides("z", "batch", "seqlen", "head"), *strides("dt_bias", "head"),
+            *strides("out", "batch", "seqlen", "head")]
+
+
 def layout(params: list[Param]) -> list[dict]:
     """The C layout of a parameter list: ``[{"name", "kind", "size", "offset"}]`` with natural alignment."""
     offset = 0

@@ -16,7 +16,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
-from kernel_src.abi import bind, f32, i32, i64, ptr
+from kernel_src.abi import bind, f32, i32, ptr, strides
 from kernel_src.ssm_math import delta_from_dt
 
 WARP = 32
@@ -46,11 +46,8 @@ class ChunkCumsum:
             ptr("dt", self.dt_dtype), ptr("A", "fp32"), ptr("dt_bias", "fp32"),
             ptr("dt_out", "fp32"), ptr("dA_cumsum", "fp32"),
             i32("batch"), i32("seqlen"), i32("nheads"), i32("nchunks"),
-            i64("stride_dt_batch"), i64("stride_dt_seqlen"), i64("stride_dt_head"),
-            i64("stride_A_head"), i64("stride_dt_bias_head"),
-            i64("stride_dt_out_batch"), i64("stride_dt_out_head"), i64("stride_dt_out_chunk"), i64("stride_dt_out_pos"),
-            i64("stride_dA_cumsum_batch"), i64("stride_dA_cumsum_head"), i64("stride_dA_cumsum_chunk"),
-            i64("stride_dA_cumsum_pos"),
+            *strides("dt", "batch", "seqlen", "head"), *strides("A", "head"), *strides("dt_bias", "head"),
+            *strides("dt_out", "batch", "head", "chunk", "pos"), *strides("dA_cumsum", "batch", "head", "chunk", "pos"),
             i32("has_dt_bias"), i32("dt_softplus"), f32("dt_min"), f32("dt_max"),
         ]
 

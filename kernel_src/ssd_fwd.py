@@ -35,7 +35,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warp
 
-from kernel_src.abi import bind, cutlass_dtype, f32, i32, i64, ptr
+from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
 from kernel_src.ssm_math import delta_from_dt, silu_approx
 
 TILE = 64        # tokens per block: the M and K extent of the intra-block products
@@ -96,22 +96,11 @@ class SsdForward:
             ptr("chunk_states", "fp32"), ptr("seq_idx", "int32"), ptr("cu_seqlens", "int32"),
             i32("batch"), i32("seqlen"), i32("nheads"), i32("heads_per_group"), i32("num_seqs"),
             i32("num_initial_slots"), i32("num_final_slots"), i32("chunk_size"), i32("nchunks"),
-            i64("stride_x_batch"), i64("stride_x_seqlen"), i64("stride_x_head"),
-            i64("stride_dt_batch"), i64("stride_dt_seqlen"), i64("stride_dt_head"),
-            i64("stride_A_head"),
-            i64("stride_B_batch"), i64("stride_B_seqlen"), i64("stride_B_group"),
-            i64("stride_C_batch"), i64("stride_C_seqlen"), i64("stride_C_group"),
-            i64("stride_D_head"), i64("stride_D_dim"),
-            i64("stride_z_batch"), i64("stride_z_seqlen"), i64("stride_z_head"),
-            i64("stride_dt_bias_head"),
-            i64("stride_out_batch"), i64("stride_out_seqlen"), i64("stride_out_head"),
-            i64("stride_initial_states_slot"), i64("stride_initial_states_head"),
-            i64("stride_initial_state_indices_seq"),
-            i64("stride_final_states_slot"), i64("stride_final_states_head"),
-            i64("stride_final_state_indices_seq"),
-            i64("stride_chunk_states_batch"), i64("stride_chunk_states_chunk"), i64("stride_chunk_states_head"),
-            i64("stride_seq_idx_batch"), i64("stride_seq_idx_seqlen"),
-            i64("stride_cu_seqlens_seq"),
+            *ssm_strides(),
+            *strides("initial_states", "slot", "head"), *strides("initial_state_indices", "seq"),
+            *strides("final_states", "slot", "head"), *strides("final_state_indices", "seq"),
+            *strides("chunk_states", "batch", "chunk", "head"), *strides("seq_idx", "batch", "seqlen"),
+            *strides("cu_seqlens", "seq"),
             i32("has_D"), i32("has_z"), i32("has_dt_bias"), i32("dt_softplus"),
             i32("has_initial_states"), i32("has_initial_state_indices"),
             i32("has_final_states"), i32("has_final_state_indices"),

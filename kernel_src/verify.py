@@ -29,7 +29,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from kernel_src.abi import bind, cutlass_dtype, f32, i32, i64, ptr
+from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
 from kernel_src.ssm_math import delta_from_dt, silu
 
 WARP = 32
@@ -88,23 +88,11 @@ class Verify:
             ptr("rejected", "int32"),
             i32("batch"), i32("seqlen"), i32("nheads"), i32("heads_per_group"), i32("num_slots"),
             i32("window_capacity"),
-            i64("stride_state_slot"), i64("stride_state_head"),
-            i64("stride_x_batch"), i64("stride_x_seqlen"), i64("stride_x_head"),
-            i64("stride_dt_batch"), i64("stride_dt_seqlen"), i64("stride_dt_head"),
-            i64("stride_A_head"),
-            i64("stride_B_batch"), i64("stride_B_seqlen"), i64("stride_B_group"),
-            i64("stride_C_batch"), i64("stride_C_seqlen"), i64("stride_C_group"),
-            i64("stride_D_head"), i64("stride_D_dim"),
-            i64("stride_z_batch"), i64("stride_z_seqlen"), i64("stride_z_head"),
-            i64("stride_dt_bias_head"),
-            i64("stride_out_batch"), i64("stride_out_seqlen"), i64("stride_out_head"),
-            i64("stride_state_indices_batch"),
-            i64("stride_snapshot_indices_batch"), i64("stride_snapshot_indices_seqlen"),
-            i64("stride_num_accepted_batch"),
-            i64("stride_window_count_slot"), i64("stride_window_count_head"),
-            i64("stride_window_x_slot"), i64("stride_window_x_row"), i64("stride_window_x_head"),
-            i64("stride_window_B_slot"), i64("stride_window_B_row"), i64("stride_window_B_head"),
-            i64("stride_window_dt_slot"), i64("stride_window_dt_row"), i64("stride_window_dt_head"),
+            *strides("state", "slot", "head"), *ssm_strides(),
+            *strides("state_indices", "batch"), *strides("snapshot_indices", "batch", "seqlen"),
+            *strides("num_accepted", "batch"), *strides("window_count", "slot", "head"),
+            *strides("window_x", "slot", "row", "head"), *strides("window_B", "slot", "row", "head"),
+            *strides("window_dt", "slot", "row", "head"),
             i32("has_D"), i32("has_z"), i32("has_dt_bias"), i32("dt_softplus"), i32("has_rejected"),
             f32("dt_min"), f32("dt_max"),
         ]
