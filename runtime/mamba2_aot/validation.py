@@ -103,6 +103,12 @@ def expect_float32(name: str, value) -> float:
     return value
 
 
+def stride_names(array: str, *dims: str) -> tuple[str, ...]:
+    """The kernel parameters ``stride_<array>_<dim>`` (the rule the kernels' ``abi.strides`` declares them by;
+    dims have no underscore)."""
+    return tuple(f"stride_{array}_{d}" for d in dims)
+
+
 def record_strides(params: dict, arr: DeviceArray, dims: tuple[str, ...]) -> None:
     """Record ``stride_<name>_<dim>`` for the dims the kernel takes a stride for.
 
@@ -111,7 +117,24 @@ def record_strides(params: dict, arr: DeviceArray, dims: tuple[str, ...]) -> Non
     if len(dims) < len(arr.shape) and arr.strides[-1] != 1 and arr.shape[-1] > 1:
         raise StrideError(arr.name, f"{arr.name}: the last dim must be contiguous (stride 1), got strides "
                           f"{arr.strides}")
-    params.update(zip((f"stride_{arr.name}_{d}" for d in dims), arr.strides))
+    params.update(zip(stride_names(arr.name, *dims), arr.strides))
+
+
+def null_absent(params: dict, param_names: tuple[str, ...], names) -> None:
+    """Arrays a call does not pass: a null pointer and zero strides for each of ``names`` not in ``params``
+    (or given as a null pointer)."""
+    for name in names:
+        if not params.get(name):
+            params[name] = 0
+            prefix = f"stride_{name}_"
+            params.update((p, 0) for p in param_names if p.startswith(prefix) and "_" not in p[len(prefix):])
+
+
+def expect_complete(params: dict, param_names: tuple[str, ...], family: str) -> None:
+    """Every kernel parameter has a value (a plan bug otherwise, not a caller's)."""
+    missing = set(param_names) - set(params)
+    if missing:
+        raise RuntimeError(f"{family} plan left kernel parameters unset: {sorted(missing)}")
 
 
 def check_call(call: BoundCall) -> None:

@@ -26,7 +26,7 @@ import math
 
 from ..errors import ShapeError
 from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_dim, expect_dt_limit, expect_dtype, expect_given,
-                          expect_int, expect_rank, expect_shape, record_strides)
+                          expect_int, expect_rank, expect_shape, record_strides, stride_names)
 from .base import LaunchPlan
 
 DT_DTYPES = ("bf16", "fp16", "fp32")
@@ -37,12 +37,11 @@ class ChunkCumsumPlan(LaunchPlan):
     family = "ssd_chunk_cumsum"
     grid_rule = "chunks,batch,heads/4"
     param_names = (
-        "dt", "A", "dt_bias", "dt_out", "dA_cumsum",
-        "batch", "seqlen", "nheads", "nchunks",
-        "stride_dt_batch", "stride_dt_seqlen", "stride_dt_head", "stride_A_head", "stride_dt_bias_head",
-        "stride_dt_out_batch", "stride_dt_out_head", "stride_dt_out_chunk", "stride_dt_out_pos",
-        "stride_dA_cumsum_batch", "stride_dA_cumsum_head", "stride_dA_cumsum_chunk", "stride_dA_cumsum_pos",
-        "has_dt_bias", "dt_softplus", "dt_min", "dt_max",
+        ("dt", "A", "dt_bias", "dt_out", "dA_cumsum", "batch", "seqlen", "nheads", "nchunks")
+        + stride_names("dt", "batch", "seqlen", "head") + stride_names("A", "head") + stride_names("dt_bias", "head")
+        + stride_names("dt_out", "batch", "head", "chunk", "pos")
+        + stride_names("dA_cumsum", "batch", "head", "chunk", "pos")
+        + ("has_dt_bias", "dt_softplus", "dt_min", "dt_max")
     )
     arrays = ("dt", "A", "dt_bias", "dt_out", "dA_cumsum")
 

@@ -59,9 +59,11 @@ from __future__ import annotations
 import math
 
 from ..errors import AlignmentError, InvalidArgumentError, ShapeError, StrideError
-from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_dim, expect_dt_limit, expect_dtype, expect_given,
-                          expect_int, expect_rank, expect_shape, record_strides)
+from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_complete, expect_dim, expect_dt_limit,
+                          expect_dtype, expect_given, expect_int, expect_rank, expect_shape, null_absent,
+                          record_strides, stride_names)
 from .base import LaunchPlan
+from .ssm_inputs import SSM_STRIDES, bind_ssm_inputs, x_shape
 
 IO_DTYPES = ("bf16", "fp16")
 STATE_DTYPES = ("fp32", "bf16", "fp16")
@@ -75,31 +77,20 @@ class SsdForwardPlan(LaunchPlan):
     family = "ssd_fwd"
     grid_rule = "headdim/64,heads,sequences"
     param_names = (
-        "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "out",
-        "initial_states", "initial_state_indices", "final_states", "final_state_indices",
-        "chunk_states", "seq_idx", "cu_seqlens",
-        "batch", "seqlen", "nheads", "heads_per_group", "num_seqs",
-        "num_initial_slots", "num_final_slots", "chunk_size", "nchunks",
-        "stride_x_batch", "stride_x_seqlen", "stride_x_head",
-        "stride_dt_batch", "stride_dt_seqlen", "stride_dt_head",
-        "stride_A_head",
-        "stride_B_batch", "stride_B_seqlen", "stride_B_group",
-        "stride_C_batch", "stride_C_seqlen", "stride_C_group",
-        "stride_D_head", "stride_D_dim",
-        "stride_z_batch", "stride_z_seqlen", "stride_z_head",
-        "stride_dt_bias_head",
-        "stride_out_batch", "stride_out_seqlen", "stride_out_head",
-        "stride_initial_states_slot", "stride_initial_states_head",
-        "stride_initial_state_indices_seq",
-        "stride_final_states_slot", "stride_final_states_head",
-        "stride_final_state_indices_seq",
-        "stride_chunk_states_batch", "stride_chunk_states_chunk", "stride_chunk_states_head",
-        "stride_seq_idx_batch", "stride_seq_idx_seqlen",
-        "stride_cu_seqlens_seq",
-        "has_D", "has_z", "has_dt_bias", "dt_softplus",
-        "has_initial_states", "has_initial_state_indices", "has_final_states", "has_final_state_indices",
-        "has_chunk_states", "has_seq_idx", "has_cu_seqlens",
-        "dt_min", "dt_max",
+        ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "out",
+         "initial_states", "initial_state_indices", "final_states", "final_state_indices",
+         "chunk_states", "seq_idx", "cu_seqlens",
+         "batch", "seqlen", "nheads", "heads_per_group", "num_seqs",
+         "num_initial_slots", "num_final_slots", "chunk_size", "nchunks")
+        + SSM_STRIDES
+        + stride_names("initial_states", "slot", "head") + stride_names("initial_state_indices", "seq")
+        + stride_names("final_states", "slot", "head") + stride_names("final_state_indices", "seq")
+        + stride_names("chunk_states", "batch", "chunk", "head") + stride_names("seq_idx", "batch", "seqlen")
+        + stride_names("cu_seqlens", "seq")
+        + ("has_D", "has_z", "has_dt_bias", "dt_softplus",
+           "has_initial_states", "has_initial_state_indices", "has_final_states", "has_final_state_indices",
+           "has_chunk_states", "has_seq_idx", "has_cu_seqlens",
+           "dt_min", "dt_max")
     )
     arrays = ("x", "dt", "A", "B", "C", "out", "D", "z", "dt_bias", "chunk_states", "seq_idx",
               "cu_seqlens") + STATE_ARRAYS
@@ -115,61 +106,21 @@ class SsdForwardPlan(LaunchPlan):
         dt_min, dt_max = expect_dt_limit(dt_limit)
         expect_given(x=x, dt=dt, A=A, B=B, C=C, out=out)
 
-        expect_dtype(x, IO_DTYPES)
-        expect_rank(x, 4, "(batch, seqlen, nheads, headdim)")
-        batch, seqlen, nheads, headdim = x.shape
-        io = (x.dtype,)
+        batch, seqlen, nheads, headdim = x_shape(x, IO_DTYPES, "seqlen")
         if seqlen < 1:
             raise ShapeError("x", f"x: seqlen (dim 1) must be >= 1, got shape {x.shape}")
         if headdim % P_TILE:
             raise ShapeError("x", f"x: headdim (dim 3) = {headdim} must be a multiple of {P_TILE}")
         expect_dim("x", "seqlen (dim 1)", seqlen)
         expect_dim("x", "nheads (dim 2)", nheads, maximum=GRID_YZ_MAX)
-        expect_dtype(dt, io)
-        expect_shape(dt, (batch, seqlen, nheads), "(batch, seqlen, nheads) of x")
-        expect_dtype(A, ("fp32",))
-        expect_shape(A, (nheads,), "(nheads,)")
-        expect_rank(B, 4, "(batch, seqlen, ngroups, d_state)")
-        ngroups, d_state = B.shape[2], B.shape[3]
-        if ngroups < 1 or nheads % ngroups:
-            raise ShapeError("B", f"B: ngroups (dim 2) = {ngroups} must divide nheads = {nheads}")
-        for m in (B, C):
-            expect_dtype(m, io)
-            expect_shape(m, (batch, seqlen, ngroups, d_state), "(batch, seqlen, ngroups, d_state) of x")
-        expect_dtype(out, io)
-        expect_shape(out, x.shape, "(batch, seqlen, nheads, headdim) of x")
-
-        params = {"x": x.ptr, "dt": dt.ptr, "A": A.ptr, "B": B.ptr, "C": C.ptr, "out": out.ptr,
-                  "batch": batch, "seqlen": seqlen, "nheads": nheads, "heads_per_group": nheads // ngroups,
-                  "chunk_size": chunk_size, "nchunks": -(-seqlen // chunk_size),
-                  "dt_softplus": int(dt_softplus), "dt_min": dt_min, "dt_max": dt_max}
-        for arr, dims in ((x, ("batch", "seqlen", "head")), (B, ("batch", "seqlen", "group")),
-                          (C, ("batch", "seqlen", "group"))):
-            record_strides(params, arr, dims)
-            _expect_vector_operand(arr)
-        record_strides(params, dt, ("batch", "seqlen", "head"))
-        record_strides(params, A, ("head",))
-        record_strides(params, out, ("batch", "seqlen", "head"))
-        _expect_vector_operand(out)
-        inputs, outputs = [x, dt, A, B, C], [out]
-
-        if D is not None:
-            expect_dtype(D, ("fp32",))
-            if D.shape == (nheads,):
-                params.update(stride_D_head=D.strides[0], stride_D_dim=0)
-            else:
-                expect_shape(D, (nheads, headdim), "(nheads,) or (nheads, headdim)")
-                record_strides(params, D, ("head", "dim"))
-        if z is not None:
-            expect_dtype(z, io)
-            expect_shape(z, x.shape, "(batch, seqlen, nheads, headdim) of x")
-            record_strides(params, z, ("batch", "seqlen", "head"))
-            _expect_vector_operand(z)
-        if dt_bias is not None:
-            expect_dtype(dt_bias, ("fp32",))
-            expect_shape(dt_bias, (nheads,), "(nheads,)")
-            record_strides(params, dt_bias, ("head",))
-        inputs += [arr for arr in (D, z, dt_bias) if arr is not None]
+        params = {"chunk_size": chunk_size, "dt_softplus": int(dt_softplus), "dt_min": dt_min, "dt_max": dt_max}
+        (*_, d_state), inputs = bind_ssm_inputs(params, x=x, dt=dt, A=A, B=B, C=C, out=out, D=D, z=z,
+                                                dt_bias=dt_bias, length="seqlen")
+        for arr in (x, z, B, C, out):
+            if arr is not None:
+                _expect_vector_operand(arr)
+        params.update(batch=batch, seqlen=seqlen, nheads=nheads, nchunks=-(-seqlen // chunk_size))
+        outputs = [out]
 
         # sequences: where they come from, how many there are, and how many CTAs walk them (grid z)
         if seq_idx is not None and cu_seqlens is not None:
@@ -200,8 +151,7 @@ class SsdForwardPlan(LaunchPlan):
             num_seqs = counts[0] if counts else batch
         expect_dim("cu_seqlens" if cu_seqlens is not None else "x", "batch rows or sequences (grid z)", sources,
                    maximum=GRID_YZ_MAX)
-        params.update(num_seqs=num_seqs, has_seq_idx=int(seq_idx is not None),
-                      has_cu_seqlens=int(cu_seqlens is not None))
+        params["num_seqs"] = num_seqs
 
         state_dtype = _state_dtype(initial_states, final_states)
         in_place = initial_states is not None and final_states is not None and _same_array(initial_states, final_states)
@@ -244,19 +194,14 @@ class SsdForwardPlan(LaunchPlan):
             record_strides(params, chunk_states, ("batch", "chunk", "head"))
             outputs.append(chunk_states)
 
-        given = {"D": D, "z": z, "dt_bias": dt_bias, "chunk_states": chunk_states, "seq_idx": seq_idx,
-                 "cu_seqlens": cu_seqlens, "initial_states": initial_states,
-                 "initial_state_indices": initial_state_indices, "final_states": final_states,
-                 "final_state_indices": final_state_indices}
-        for name, arr in given.items():
+        optional = {"chunk_states": chunk_states, "seq_idx": seq_idx, "cu_seqlens": cu_seqlens,
+                    "initial_states": initial_states, "initial_state_indices": initial_state_indices,
+                    "final_states": final_states, "final_state_indices": final_state_indices}
+        for name, arr in optional.items():
             params[name] = arr.ptr if arr is not None else 0
-            if arr is None:  # absent: null pointer and zero strides
-                params.update((p, 0) for p in self.param_names if p.startswith(f"stride_{name}_"))
-            if name not in ("seq_idx", "cu_seqlens"):
-                params[f"has_{name}"] = int(arr is not None)
-        missing = set(self.param_names) - set(params)
-        if missing:  # a plan bug, not a caller's: every kernel parameter must get a value
-            raise RuntimeError(f"ssd_fwd plan left kernel parameters unset: {sorted(missing)}")
+            params[f"has_{name}"] = int(arr is not None)
+        null_absent(params, self.param_names, optional)  # absent: null pointer and zero strides
+        expect_complete(params, self.param_names, self.family)
 
         return BoundCall(
             constants={"headdim": headdim, "d_state": d_state, "io_dtype": x.dtype, "state_dtype": state_dtype},

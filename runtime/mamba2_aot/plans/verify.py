@@ -48,9 +48,11 @@ from __future__ import annotations
 import math
 
 from ..errors import AlignmentError, InvalidArgumentError, ShapeError, StrideError
-from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_dim, expect_dt_limit, expect_dtype, expect_given,
-                          expect_rank, expect_shape, record_strides)
+from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_complete, expect_dim, expect_dt_limit,
+                          expect_dtype, expect_given, expect_rank, expect_shape, null_absent, record_strides,
+                          stride_names)
 from .base import LaunchPlan
+from .ssm_inputs import SSM_STRIDES, bind_ssm_inputs, x_shape
 
 MODES = ("update", "snapshot", "compact")
 IO_DTYPES = ("bf16", "fp16", "fp32")
@@ -62,29 +64,16 @@ class VerifyPlan(LaunchPlan):
     family = "verify"
     grid_rule = "heads,batch"
     param_names = (
-        "state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "out",
-        "state_indices", "snapshot_indices", "num_accepted",
-        "window_count", "window_x", "window_B", "window_dt", "rejected",
-        "batch", "seqlen", "nheads", "heads_per_group", "num_slots", "window_capacity",
-        "stride_state_slot", "stride_state_head",
-        "stride_x_batch", "stride_x_seqlen", "stride_x_head",
-        "stride_dt_batch", "stride_dt_seqlen", "stride_dt_head",
-        "stride_A_head",
-        "stride_B_batch", "stride_B_seqlen", "stride_B_group",
-        "stride_C_batch", "stride_C_seqlen", "stride_C_group",
-        "stride_D_head", "stride_D_dim",
-        "stride_z_batch", "stride_z_seqlen", "stride_z_head",
-        "stride_dt_bias_head",
-        "stride_out_batch", "stride_out_seqlen", "stride_out_head",
-        "stride_state_indices_batch",
-        "stride_snapshot_indices_batch", "stride_snapshot_indices_seqlen",
-        "stride_num_accepted_batch",
-        "stride_window_count_slot", "stride_window_count_head",
-        "stride_window_x_slot", "stride_window_x_row", "stride_window_x_head",
-        "stride_window_B_slot", "stride_window_B_row", "stride_window_B_head",
-        "stride_window_dt_slot", "stride_window_dt_row", "stride_window_dt_head",
-        "has_D", "has_z", "has_dt_bias", "dt_softplus", "has_rejected",
-        "dt_min", "dt_max",
+        ("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "out",
+         "state_indices", "snapshot_indices", "num_accepted",
+         "window_count", "window_x", "window_B", "window_dt", "rejected",
+         "batch", "seqlen", "nheads", "heads_per_group", "num_slots", "window_capacity")
+        + stride_names("state", "slot", "head") + SSM_STRIDES
+        + stride_names("state_indices", "batch") + stride_names("snapshot_indices", "batch", "seqlen")
+        + stride_names("num_accepted", "batch") + stride_names("window_count", "slot", "head")
+        + stride_names("window_x", "slot", "row", "head") + stride_names("window_B", "slot", "row", "head")
+        + stride_names("window_dt", "slot", "row", "head")
+        + ("has_D", "has_z", "has_dt_bias", "dt_softplus", "has_rejected", "dt_min", "dt_max")
     )
     arrays = ("state", "x", "dt", "A", "B", "C", "out", "state_indices", "D", "z", "dt_bias", "snapshot_indices",
               "num_accepted", "rejected") + WINDOW
@@ -101,19 +90,20 @@ class VerifyPlan(LaunchPlan):
         _expect_mode_args(mode, snapshot_indices=snapshot_indices, num_accepted=num_accepted, window_count=window_count,
                           window_x=window_x, window_B=window_B, window_dt=window_dt)
 
-        expect_dtype(x, IO_DTYPES)
-        expect_rank(x, 4, "(batch, T, nheads, headdim)")
-        batch, seqlen, nheads, headdim = x.shape
-        io = (x.dtype,)
+        batch, seqlen, nheads, headdim = x_shape(x, IO_DTYPES, "T")
         if seqlen < (0 if mode == "compact" else 1):
             raise ShapeError("x", f"x: T (dim 1) must be >= 1 (0 is allowed in compact mode), got {x.shape}")
         expect_dim("x", "batch (dim 0)", batch, maximum=GRID_YZ_MAX)
+        params = {"dt_softplus": int(dt_softplus), "dt_min": dt_min, "dt_max": dt_max}
+        (*_, d_state), inputs = bind_ssm_inputs(params, x=x, dt=dt, A=A, B=B, C=C, out=out, D=D, z=z,
+                                                dt_bias=dt_bias, length="T")
+        io = (x.dtype,)
 
         expect_dtype(state, POOL_DTYPES)
         expect_rank(state, 4, "(num_slots, nheads, headdim, d_state)")
-        num_slots, _, _, d_state = state.shape
+        num_slots = state.shape[0]
         expect_dim("state", "num_slots (dim 0)", num_slots)
-        expect_shape(state, (num_slots, nheads, headdim, d_state), "(num_slots, nheads, headdim, d_state) of x")
+        expect_shape(state, (num_slots, nheads, headdim, d_state), "(num_slots, nheads, headdim, d_state) of x and B")
         if state.strides[2:] != (d_state, 1):
             raise StrideError("state", f"state: each (slot, head) block must be a contiguous headdim × d_state "
                               f"matrix (strides (..., {d_state}, 1)), got strides {state.strides}")
@@ -125,69 +115,20 @@ class VerifyPlan(LaunchPlan):
         if state.ptr % min(16, lane_columns * state.itemsize):
             raise AlignmentError("state", f"state: data pointer {state.ptr:#x} must be "
                                  f"{min(16, lane_columns * state.itemsize)}-byte aligned")
-
-        expect_dtype(dt, io)
-        expect_shape(dt, (batch, seqlen, nheads), "(batch, T, nheads) of x")
-        expect_dtype(A, ("fp32",))
-        expect_shape(A, (nheads,), "(nheads,)")
-        expect_rank(B, 4, "(batch, T, ngroups, d_state)")
-        ngroups = B.shape[2]
-        if ngroups < 1 or nheads % ngroups:
-            raise ShapeError("B", f"B: ngroups (dim 2) = {ngroups} must divide nheads = {nheads}")
-        for m in (B, C):
-            expect_dtype(m, io)
-            expect_shape(m, (batch, seqlen, ngroups, d_state), "(batch, T, ngroups, d_state) of x and state")
-        expect_dtype(out, io)
-        expect_shape(out, x.shape, "(batch, T, nheads, headdim) of x")
         expect_dtype(state_indices, ("int32",))
         expect_shape(state_indices, (batch,), "(batch,)")
 
-        inputs = [x, dt, A, B, C, state_indices]
+        inputs.append(state_indices)
         outputs = [out, state]
-        params = {"x": x.ptr, "dt": dt.ptr, "A": A.ptr, "B": B.ptr, "C": C.ptr, "out": out.ptr, "state": state.ptr,
-                  "state_indices": state_indices.ptr, "batch": batch, "seqlen": seqlen, "nheads": nheads,
-                  "heads_per_group": nheads // ngroups, "num_slots": num_slots,
-                  "dt_softplus": int(dt_softplus), "dt_min": dt_min, "dt_max": dt_max}
+        params.update(state=state.ptr, state_indices=state_indices.ptr, batch=batch, seqlen=seqlen, nheads=nheads,
+                      num_slots=num_slots)
         record_strides(params, state, ("slot", "head"))
-        record_strides(params, x, ("batch", "seqlen", "head"))
-        record_strides(params, dt, ("batch", "seqlen", "head"))
-        record_strides(params, A, ("head",))
-        record_strides(params, B, ("batch", "seqlen", "group"))
-        record_strides(params, C, ("batch", "seqlen", "group"))
-        record_strides(params, out, ("batch", "seqlen", "head"))
         record_strides(params, state_indices, ("batch",))
-
-        optional = {"D": None, "z": None, "dt_bias": None, "rejected": None}
-        if D is not None:
-            optional["D"] = D
-            expect_dtype(D, ("fp32",))
-            if D.shape == (nheads,):
-                params.update(stride_D_head=D.strides[0], stride_D_dim=0)
-            else:
-                expect_shape(D, (nheads, headdim), "(nheads,) or (nheads, headdim)")
-                record_strides(params, D, ("head", "dim"))
-        if z is not None:
-            optional["z"] = z
-            expect_dtype(z, io)
-            expect_shape(z, x.shape, "(batch, T, nheads, headdim) of x")
-            record_strides(params, z, ("batch", "seqlen", "head"))
-        if dt_bias is not None:
-            optional["dt_bias"] = dt_bias
-            expect_dtype(dt_bias, ("fp32",))
-            expect_shape(dt_bias, (nheads,), "(nheads,)")
-            record_strides(params, dt_bias, ("head",))
-        if rejected is not None:
-            optional["rejected"] = rejected
-            expect_dtype(rejected, ("int32",))
-            expect_shape(rejected, (1,), "(one int32 counter)")
-        for name, arr in optional.items():
-            params[name] = arr.ptr if arr is not None else 0
-            if name != "rejected":
-                params[f"has_{name}"] = int(arr is not None)
-                if arr is not None:
-                    inputs.append(arr)
         params["has_rejected"] = int(rejected is not None)
         if rejected is not None:
+            expect_dtype(rejected, ("int32",))
+            expect_shape(rejected, (1,), "(one int32 counter)")
+            params["rejected"] = rejected.ptr
             outputs.append(rejected)
 
         capacity = 0
@@ -222,14 +163,9 @@ class VerifyPlan(LaunchPlan):
                 params[name] = arr.ptr
                 outputs.append(arr)
         params["window_capacity"] = capacity
-        # Arrays this call does not pass (other modes', absent options): null pointer and zero strides.
-        for name in ("D", "z", "dt_bias", "rejected", "snapshot_indices", "num_accepted") + WINDOW:
-            if params.get(name, 0) == 0:
-                params[name] = 0
-                params.update((p, 0) for p in self.param_names if p.startswith(f"stride_{name}_"))
-        missing = set(self.param_names) - set(params)
-        if missing:  # a plan bug, not a caller's: every kernel parameter must get a value
-            raise RuntimeError(f"verify plan left kernel parameters unset: {sorted(missing)}")
+        # arrays this call does not pass (other modes', absent options): null pointer and zero strides
+        null_absent(params, self.param_names, ("rejected", "snapshot_indices", "num_accepted") + WINDOW)
+        expect_complete(params, self.param_names, self.family)
 
         return BoundCall(
             constants={"mode": mode, "headdim": headdim, "d_state": d_state, "io_dtype": x.dtype,

@@ -1,0 +1,85 @@
+"""The SSM inputs and output every SSM family takes (BRIEF §2): x, dt, A, B, C, out and the optional D, z,
+dt_bias. Their stride parameters in kernel order, and one validation of them for every launch plan."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..errors import ShapeError
+from ..validation import expect_dtype, expect_rank, expect_shape, null_absent, record_strides, stride_names
+
+# The kernels' abi.ssm_strides(), name for name.
+SSM_STRIDES = (stride_names("x", "batch", "seqlen", "head") + stride_names("dt", "batch", "seqlen", "head")
+               + stride_names("A", "head") + stride_names("B", "batch", "seqlen", "group")
+               + stride_names("C", "batch", "seqlen", "group") + stride_names("D", "head", "dim")
+               + stride_names("z", "batch", "seqlen", "head") + stride_names("dt_bias", "head")
+               + stride_names("out", "batch", "seqlen", "head"))
+
+
+class SsmShape(NamedTuple):
+    batch: int
+    seqlen: int
+    nheads: int
+    headdim: int
+    ngroups: int
+    d_state: int
+
+
+def x_shape(x, io_dtypes: tuple[str, ...], length: str) -> tuple[int, int, int, int]:
+    """x (batch, length, H, P) in one of ``io_dtypes``; ``length`` names dim 1 in messages ("T", "seqlen").
+    Checked first, so that a plan can check its own rules on x's shape before the rest."""
+    expect_dtype(x, io_dtypes)
+    expect_rank(x, 4, f"(batch, {length}, nheads, headdim)")
+    return x.shape
+
+
+def bind_ssm_inputs(params: dict, *, x, dt, A, B, C, out, D, z, dt_bias, length: str) -> tuple[SsmShape, list]:
+    """Check the SSM arrays against x (already checked by :func:`x_shape`) and record their pointers, strides
+    and ``has_*`` flags (an absent optional array: null pointer, zero strides).
+
+    dt (batch, length, H) and B, C (batch, length, G, N) in x's dtype, G dividing H; A (H,) fp32; out like x;
+    D (H,) fp32 (broadcast over P: stride 0) or (H, P); z like x; dt_bias (H,) fp32. Returns the shape and the
+    arrays read, in order.
+    """
+    batch, seqlen, nheads, headdim = x.shape
+    io = (x.dtype,)
+    expect_dtype(dt, io)
+    expect_shape(dt, (batch, seqlen, nheads), f"(batch, {length}, nheads) of x")
+    expect_dtype(A, ("fp32",))
+    expect_shape(A, (nheads,), "(nheads,)")
+    expect_rank(B, 4, f"(batch, {length}, ngroups, d_state)")
+    ngroups = B.shape[2]
+    if ngroups < 1 or nheads % ngroups:
+        raise ShapeError("B", f"B: ngroups (dim 2) = {ngroups} must divide nheads = {nheads}")
+    d_state = B.shape[3]
+    for m in (B, C):
+        expect_dtype(m, io)
+        expect_shape(m, (batch, seqlen, ngroups, d_state), f"(batch, {length}, ngroups, d_state) of x")
+    expect_dtype(out, io)
+    expect_shape(out, x.shape, f"(batch, {length}, nheads, headdim) of x")
+
+    params.update(x=x.ptr, dt=dt.ptr, A=A.ptr, B=B.ptr, C=C.ptr, out=out.ptr, heads_per_group=nheads // ngroups)
+    for arr, dims in ((x, ("batch", "seqlen", "head")), (dt, ("batch", "seqlen", "head")), (A, ("head",)),
+                      (B, ("batch", "seqlen", "group")), (C, ("batch", "seqlen", "group")),
+                      (out, ("batch", "seqlen", "head"))):
+        record_strides(params, arr, dims)
+    if D is not None:
+        expect_dtype(D, ("fp32",))
+        if D.shape == (nheads,):
+            params.update(stride_D_head=D.strides[0], stride_D_dim=0)
+        else:
+            expect_shape(D, (nheads, headdim), "(nheads,) or (nheads, headdim)")
+            record_strides(params, D, ("head", "dim"))
+    if z is not None:
+        expect_dtype(z, io)
+        expect_shape(z, x.shape, f"(batch, {length}, nheads, headdim) of x")
+        record_strides(params, z, ("batch", "seqlen", "head"))
+    if dt_bias is not None:
+        expect_dtype(dt_bias, ("fp32",))
+        expect_shape(dt_bias, (nheads,), "(nheads,)")
+        record_strides(params, dt_bias, ("head",))
+    for name, arr in (("D", D), ("z", z), ("dt_bias", dt_bias)):
+        params[name] = arr.ptr if arr is not None else 0
+        params[f"has_{name}"] = int(arr is not None)
+    null_absent(params, SSM_STRIDES, ("D", "z", "dt_bias"))
+    inputs = [x, dt, A, B, C] + [arr for arr in (D, z, dt_bias) if arr is not None]
+    return SsmShape(batch, seqlen, nheads, headdim, ngroups, d_state), inputs
