@@ -71,19 +71,12 @@ class SsdForward:
         self.min_ctas_per_sm = 2 if d_state <= 128 else 1
         self.block = (self.threads, 1, 1)
         self.cluster = (1, 1, 1)
-        self.dynamic_smem = sum(_aligned(n * size) for n, size in self._smem_buffers())
+        self.dynamic_smem = self._shared_storage(cutlass_dtype(io_dtype)).size_in_bytes()
 
     def _scratch_floats(self):
         """One buffer holds S, the weighted x and the decayed C while the products run, then y (fp32)."""
         operands = (TILE * TILE + TILE * P_TILE + TILE * self.d_state) * 2
         return max(operands, TILE * Y_STRIDE * 4) // 4
-
-    def _smem_buffers(self):
-        """(elements, bytes per element) of every shared buffer, in SharedStorage order."""
-        N = self.d_state
-        return [(TILE * P_TILE, 2), (TILE * P_TILE, 2), (TILE * N, 2), (TILE * N, 2),   # x, z, B, C
-                (self._scratch_floats(), 4), (P_TILE * N, 2), (P_TILE, 4),     # scratch, h₀, D
-                (TILE, 4), (TILE, 4), (2, 4)]                                   # Δ, cs, sequence changes
 
     def params(self):
         io, st = self.io_dtype, self.state_dtype
@@ -283,9 +276,6 @@ class SsdForward:
             cs: cute.struct.Align[cute.struct.MemRange[Float32, TILE], SMEM_ALIGN]
             changes: cute.struct.Align[cute.struct.MemRange[Int32, 2], SMEM_ALIGN]
 
-        if SharedStorage.size_in_bytes() > self.dynamic_smem:
-            raise ValueError(f"shared storage {SharedStorage.size_in_bytes()} B exceeds the declared "
-                             f"{self.dynamic_smem} B")
         return SharedStorage
 
     @cute.jit
@@ -345,8 +335,10 @@ class SsdForward:
         if tok1 >= start:
             if tok1 < end:
                 d1 = delta_from_dt(dt1, bias, a.dt_softplus, a.dt_min, a.dt_max)
-        c0 = d0 * A_log2
-        c1 = d1 * A_log2
+        term0 = d0 * A_log2
+        term1 = d1 * A_log2
+        c0 = term0
+        c1 = term1
         for level in cutlass.range_constexpr(5):
             offset = 1 << level
             up0 = cute.arch.shuffle_sync_up(c0, offset)
@@ -358,7 +350,7 @@ class SsdForward:
         # The tree scan adds in a different order on every lane, so across a run of Δ = 0 the cumsums could
         # differ by rounding, and 2^(cs_t - cs_s) would not be exactly 1 there (with |Δ·A| ~ 1e6 the error is
         # ~2^3). Each row therefore takes the cumsum of the last row at or before it whose Δ·A is non-zero.
-        c0, c1 = _hold_over_zero_runs(c0, c1, d0 * A_log2 != Float32(0.0), d1 * A_log2 != Float32(0.0), lane)
+        c0, c1 = _hold_over_zero_runs(c0, c1, term0 != Float32(0.0), term1 != Float32(0.0), lane)
         sDelta[lane] = d0
         sDelta[lane + 32] = d1
         sCs[lane] = c0
@@ -570,10 +562,6 @@ class MmaParts:
             cute.copy(copy_A, src_A[None, None, k], dst_A[None, None, k])
             cute.copy(copy_B, src_B[None, None, k], dst_B[None, None, k])
             cute.gemm(self.tiled, acc, frag_A[None, None, k], frag_B[None, None, k], acc)
-
-
-def _aligned(nbytes: int) -> int:
-    return (nbytes + SMEM_ALIGN - 1) // SMEM_ALIGN * SMEM_ALIGN
 
 
 def _smem_layout(shape):
