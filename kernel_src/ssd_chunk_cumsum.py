@@ -17,7 +17,7 @@ import cutlass.cute as cute
 from cutlass import Float32
 
 from kernel_src.abi import bind, f32, i32, ptr, strides
-from kernel_src.ssm_math import delta_from_dt
+from kernel_src.ssm_math import delta_from_dt, warp_inclusive_scan
 
 WARP = 32
 HEADS_PER_CTA = 4
@@ -88,12 +88,7 @@ class ChunkCumsum:
                 if pos < a.seqlen:
                     delta = delta_from_dt(mdt[b, pos, h].to(Float32), bias, a.dt_softplus, a.dt_min, a.dt_max)
                 # Past the end of the sequence Δ is exactly 0, so the cumsum stays flat (no 0·inf from A).
-                running = delta * A_h
-                for k in cutlass.range_constexpr(5):
-                    neighbour = cute.arch.shuffle_sync_up(running, 1 << k)
-                    if lane >= (1 << k):
-                        running = running + neighbour
-                running = running + carry
+                running = warp_inclusive_scan(delta * A_h, lane) + carry
                 carry = cute.arch.shuffle_sync(running, WARP - 1)
                 mdt_out[b, h, c, t] = delta
                 mdA[b, h, c, t] = running

@@ -36,7 +36,7 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warp
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
-from kernel_src.ssm_math import delta_from_dt, silu_approx
+from kernel_src.ssm_math import delta_from_dt, silu_approx, warp_inclusive_scan
 
 TILE = 64        # tokens per block: the M and K extent of the intra-block products
 P_TILE = 64      # head-dim rows per CTA
@@ -337,16 +337,8 @@ class SsdForward:
                 d1 = delta_from_dt(dt1, bias, a.dt_softplus, a.dt_min, a.dt_max)
         term0 = d0 * A_log2
         term1 = d1 * A_log2
-        c0 = term0
-        c1 = term1
-        for level in cutlass.range_constexpr(5):
-            offset = 1 << level
-            up0 = cute.arch.shuffle_sync_up(c0, offset)
-            up1 = cute.arch.shuffle_sync_up(c1, offset)
-            if lane >= offset:
-                c0 = c0 + up0
-                c1 = c1 + up1
-        c1 = c1 + cute.arch.shuffle_sync(c0, 31)
+        c0 = warp_inclusive_scan(term0, lane)
+        c1 = warp_inclusive_scan(term1, lane) + cute.arch.shuffle_sync(c0, 31)
         # The tree scan adds in a different order on every lane, so across a run of Δ = 0 the cumsums could
         # differ by rounding, and 2^(cs_t - cs_s) would not be exactly 1 there (with |Δ·A| ~ 1e6 the error is
         # ~2^3). Each row therefore takes the cumsum of the last row at or before it whose Δ·A is non-zero.

@@ -1,6 +1,7 @@
 """Device-side math shared by every family, so that all kernels compute Δ and the gates the same way."""
 from __future__ import annotations
 
+import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
@@ -15,6 +16,16 @@ def delta_from_dt(dt: Float32, dt_bias: Float32, dt_softplus: Int32, dt_min: Flo
         if delta <= Float32(SOFTPLUS_IDENTITY_ABOVE):
             delta = cute.math.log1p(cute.math.exp(delta))
     return cute.math.min(cute.math.max(delta, dt_min), dt_max)
+
+
+@cute.jit
+def warp_inclusive_scan(value: Float32, lane: Int32) -> Float32:
+    """Inclusive prefix sum over the 32 lanes of a warp (shuffle-up steps of 1, 2, 4, 8, 16)."""
+    for level in cutlass.range_constexpr(5):
+        neighbour = cute.arch.shuffle_sync_up(value, 1 << level)
+        if lane >= (1 << level):
+            value = value + neighbour
+    return value
 
 
 @cute.jit
