@@ -155,9 +155,9 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         A = A.unsqueeze(0) if A.dim() == 2 else A
         D = None if D is None else D.unsqueeze(0)
         dt_bias = None if dt_bias is None else dt_bias.unsqueeze(0)
-    A = _tied("A", A, 3)
-    dt = _tied("dt", dt, 3)
-    dt_bias = None if dt_bias is None else _tied("dt_bias", dt_bias, 2)
+    A = _per_head("A", A, rank=1, expanded=2)                                             # (H, P, N) -> (H,)
+    dt = _per_head("dt", dt, rank=2, expanded=1)                                          # (batch, H, P) -> (batch, H)
+    dt_bias = None if dt_bias is None else _per_head("dt_bias", dt_bias, rank=1, expanded=1)  # (H, P) -> (H,)
     if D is not None and D.dim() == 2 and D.stride(-1) == 0:
         D = D[:, 0]
     if state_batch_indices is None:
@@ -168,18 +168,18 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     return out if has_heads else out[:, 0]
 
 
-def _tied(name: str, t: torch.Tensor, full_rank: int) -> torch.Tensor:
-    """Mamba-2's per-head value from a tensor expanded over its trailing (P[, N]) dims with stride 0."""
-    if t.dim() == full_rank - (2 if name == "A" else 1):
+def _per_head(name: str, t: torch.Tensor, rank: int, expanded: int) -> torch.Tensor:
+    """Mamba-2's per-head value (a tensor of ``rank`` dims), given as is or expanded over ``expanded`` trailing
+    dims (P[, N]) with stride 0, as state-spaces/mamba's callers pass A, dt and dt_bias."""
+    if t.dim() == rank:
         return t
-    if t.dim() != full_rank:
-        raise ShapeError(name, f"{name}: expected {full_rank} dims (expanded per head) or the per-head form, got "
-                         f"shape {tuple(t.shape)}")
-    trailing = t.stride()[full_rank - (2 if name == "A" else 1):]
-    if any(s != 0 for s in trailing):
+    if t.dim() != rank + expanded:
+        raise ShapeError(name, f"{name}: expected {rank + expanded} dims (expanded per head) or the per-head "
+                         f"form, got shape {tuple(t.shape)}")
+    if any(s != 0 for s in t.stride()[rank:]):
         raise InvalidArgumentError(name, f"{name}: only Mamba-2's per-head values are supported (expanded with "
                                    f"stride 0 over the trailing dims), got strides {t.stride()}")
-    return t[(slice(None),) * (t.dim() - len(trailing)) + (0,) * len(trailing)]
+    return t[(slice(None),) * rank + (0,) * expanded]
 
 
 __all__ = ["mamba_chunk_scan_combined", "selective_state_update"]
