@@ -30,7 +30,7 @@ def unsupported(family: str, constants: dict, arch: str) -> str | None:
     None. The build skips such variants for that arch; the runtime then reports them as not built there."""
     from kernel_src.cubin_checks import SMEM_LIMIT
 
-    need = getattr(kernel_class(family)(**constants), "dynamic_smem", 0)
+    need = kernel_class(family)(**constants).dynamic_smem
     if need > SMEM_LIMIT[arch]:
         return f"needs {need} B of shared memory per CTA, {arch} allows {SMEM_LIMIT[arch]} B"
     return None
