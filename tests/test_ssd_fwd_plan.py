@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from mamba2_aot import errors, runtime
 from mamba2_aot.plans import PLANS
 from mamba2_aot.tensors import as_device_array
-from runtime_fakes import fake_array, no_driver  # noqa: F401  (fixture)
+from runtime_fakes import contiguous, fake_array, no_driver  # noqa: F401  (fixture)
 
 MB = 1 << 20
 BATCH, L, H, P, N, G = 2, 300, 8, 64, 128, 2
@@ -115,7 +115,7 @@ def strided_views(draw):
 
     def view(shape, inner):  # rows of `inner` elements plus padding, the last dims dense
         row = inner + pad
-        strides = (L * row, row) + tuple(s for s in _dense(shape[2:]))
+        strides = (L * row, row) + contiguous(shape[2:])
         return fake_array(next(base), shape, "fp16", strides)
 
     arrays = {"x": view((batch, L, H, P), H * P), "z": view((batch, L, H, P), H * P),
@@ -129,14 +129,6 @@ def strided_views(draw):
         arrays[misaligned] = fake_array(cai["data"][0] + 2 * draw(st.integers(1, 7)), cai["shape"], "fp16",
                                         tuple(s // 2 for s in cai["strides"]))
     return arrays, misaligned, (batch, H, P, N)
-
-
-def _dense(shape):
-    strides, step = [], 1
-    for d in reversed(shape):
-        strides.append(step)
-        step *= d
-    return tuple(reversed(strides))
 
 
 @given(strided_views())

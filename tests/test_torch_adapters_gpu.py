@@ -8,6 +8,7 @@ pytestmark = pytest.mark.gpu
 
 import reference  # noqa: E402
 from reference import generators  # noqa: E402
+from test_ssd_fwd_gpu import _to_cuda as _cuda  # noqa: E402
 
 TOL = reference.TOLERANCES["bf16"]
 
@@ -15,10 +16,6 @@ TOL = reference.TOLERANCES["bf16"]
 def _adapters():
     from mamba2_aot import torch as adapters
     return adapters
-
-
-def _cuda(d):
-    return {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in d.items()}
 
 
 def _forward_inputs(seed=0, **kw):
