@@ -299,6 +299,15 @@ def no_driver(monkeypatch):
     monkeypatch.setattr(driver, "_load_library", explode)
 
 
+def expect_refused(family, kwargs, error, argument, fragment):
+    """``launch(family, **kwargs)`` raises ``error`` naming ``argument``, its message holding ``fragment`` (use
+    with the ``no_driver`` fixture: the refusal happens before the driver is opened)."""
+    with pytest.raises(error) as info:
+        dispatch.launch(family, stream=0, **kwargs)
+    assert info.value.argument == argument
+    assert fragment in str(info.value)
+
+
 @pytest.fixture
 def fake_runtime(tmp_path, monkeypatch):
     """Fake sm_90 cubins in MAMBA2_AOT_CUBIN_DIR and a FakeDriver with one sm_90 device; yields the driver."""
