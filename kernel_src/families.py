@@ -9,6 +9,7 @@ import itertools
 
 # family name -> "module:Class" in kernel_src (imported lazily: importing the DSL takes ~0.6 s)
 FAMILIES = {
+    "conv1d_verify": "kernel_src.conv1d_verify:Conv1dVerify",
     "ssd_chunk_cumsum": "kernel_src.ssd_chunk_cumsum:ChunkCumsum",
     "ssd_fwd": "kernel_src.ssd_fwd:SsdForward",
     "verify": "kernel_src.verify:Verify",
@@ -47,13 +48,19 @@ def variant_stem(family: str, constants: dict) -> str:
 
 
 def expand(config: dict) -> list[tuple[str, dict]]:
-    """All variants of a build config ``{family: {constant: [values]}}``, in a stable order."""
+    """All variants of a build config ``{family: {constant: [values]}}``, in a stable order.
+
+    The config's axes form a product; combinations a family's class declares meaningless (its optional
+    ``combination_error``, e.g. a conv pool dtype that is neither the I/O dtype nor fp32) are not variants."""
     variants = []
     for family in sorted(config):
         if family not in FAMILIES:
             raise ValueError(f"build config names unknown family {family!r}; known: {sorted(FAMILIES)}")
         axes = config[family]
         names = sorted(axes)
+        check = getattr(kernel_class(family), "combination_error", None)
         for values in itertools.product(*(axes[n] for n in names)):
-            variants.append((family, dict(zip(names, values))))
+            constants = dict(zip(names, values))
+            if check is None or check(**constants) is None:
+                variants.append((family, constants))
     return variants

@@ -191,6 +191,17 @@ def _has_internal_overlap(a: DeviceArray) -> bool:
     return False
 
 
+def expect_mode_args(mode: str, needed_by_mode: dict, **given) -> None:
+    """The arrays a mode needs (``needed_by_mode[mode]``) must be given, and those it does not use must not be
+    (passing one is a likely caller mistake)."""
+    needed = needed_by_mode.get(mode, ())
+    for name, value in given.items():
+        if name in needed and value is None:
+            raise InvalidArgumentError(name, f"{name}: required in {mode} mode")
+        if name not in needed and value is not None:
+            raise InvalidArgumentError(name, f"{name}: not used in {mode} mode (it takes {needed or 'neither'})")
+
+
 def expect_dt_limit(dt_limit) -> tuple[float, float]:
     """``dt_limit = (lo, hi)``: two fp32-representable bounds with lo <= hi."""
     try:

@@ -49,9 +49,10 @@ import math
 
 from ..errors import AlignmentError, InvalidArgumentError, ShapeError, StrideError
 from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_complete, expect_dim, expect_dt_limit,
-                          expect_dtype, expect_given, expect_rank, expect_shape, null_absent, record_strides,
-                          stride_names)
+                          expect_dtype, expect_given, expect_mode_args, expect_rank, expect_shape, null_absent,
+                          record_strides, stride_names)
 from .base import LaunchPlan
+from .pool_requests import bind_requests
 from .ssm_inputs import SSM_STRIDES, bind_ssm_inputs, x_shape
 
 MODES = ("update", "snapshot", "compact")
@@ -87,8 +88,9 @@ class VerifyPlan(LaunchPlan):
         dt_softplus = expect_bool("dt_softplus", dt_softplus)
         dt_min, dt_max = expect_dt_limit(dt_limit)
         expect_given(state=state, x=x, dt=dt, A=A, B=B, C=C, out=out, state_indices=state_indices)
-        _expect_mode_args(mode, snapshot_indices=snapshot_indices, num_accepted=num_accepted, window_count=window_count,
-                          window_x=window_x, window_B=window_B, window_dt=window_dt)
+        expect_mode_args(mode, {"snapshot": ("snapshot_indices",), "compact": ("num_accepted",) + WINDOW},
+                         snapshot_indices=snapshot_indices, num_accepted=num_accepted, window_count=window_count,
+                         window_x=window_x, window_B=window_B, window_dt=window_dt)
 
         batch, seqlen, nheads, headdim = x_shape(x, IO_DTYPES, "T")
         if seqlen < (0 if mode == "compact" else 1):
@@ -115,35 +117,15 @@ class VerifyPlan(LaunchPlan):
         if state.ptr % min(16, lane_columns * state.itemsize):
             raise AlignmentError("state", f"state: data pointer {state.ptr:#x} must be "
                                  f"{min(16, lane_columns * state.itemsize)}-byte aligned")
-        expect_dtype(state_indices, ("int32",))
-        expect_shape(state_indices, (batch,), "(batch,)")
-
-        inputs.append(state_indices)
-        outputs = [out, state]
-        params.update(state=state.ptr, state_indices=state_indices.ptr, batch=batch, seqlen=seqlen, nheads=nheads,
-                      num_slots=num_slots)
+        params.update(state=state.ptr, batch=batch, seqlen=seqlen, nheads=nheads, num_slots=num_slots)
         record_strides(params, state, ("slot", "head"))
-        record_strides(params, state_indices, ("batch",))
-        params["has_rejected"] = int(rejected is not None)
-        if rejected is not None:
-            expect_dtype(rejected, ("int32",))
-            expect_shape(rejected, (1,), "(one int32 counter)")
-            params["rejected"] = rejected.ptr
-            outputs.append(rejected)
+        read, written = bind_requests(params, mode, batch=batch, seqlen=seqlen, state_indices=state_indices,
+                                      snapshot_indices=snapshot_indices, num_accepted=num_accepted, rejected=rejected)
+        inputs += read
+        outputs = [out, state] + written
 
         capacity = 0
-        if mode == "snapshot":
-            expect_dtype(snapshot_indices, ("int32",))
-            expect_shape(snapshot_indices, (batch, seqlen), "(batch, T)")
-            record_strides(params, snapshot_indices, ("batch", "seqlen"))
-            params["snapshot_indices"] = snapshot_indices.ptr
-            inputs.append(snapshot_indices)
         if mode == "compact":
-            expect_dtype(num_accepted, ("int32",))
-            expect_shape(num_accepted, (batch,), "(batch,)")
-            record_strides(params, num_accepted, ("batch",))
-            params["num_accepted"] = num_accepted.ptr
-            inputs.append(num_accepted)
             window = {"window_count": window_count, "window_x": window_x, "window_B": window_B,
                       "window_dt": window_dt}
             expect_dtype(window["window_count"], ("int32",))
@@ -176,11 +158,3 @@ class VerifyPlan(LaunchPlan):
             outputs=tuple(outputs),
         )
 
-
-def _expect_mode_args(mode: str, **given) -> None:
-    needed = {"update": (), "snapshot": ("snapshot_indices",), "compact": ("num_accepted",) + WINDOW}[mode]
-    for name, value in given.items():
-        if name in needed and value is None:
-            raise InvalidArgumentError(name, f"{name}: required in {mode} mode")
-        if name not in needed and value is not None:
-            raise InvalidArgumentError(name, f"{name}: not used in {mode} mode (it takes {needed or 'neither'})")

@@ -1,0 +1,190 @@
+"""Device-side causal depthwise conv1d shared by the conv families and the fused conv + SSM verify.
+
+Math (Mamba-2's ``conv1d`` over xBC; state-spaces/mamba ``causal_conv1d_fn`` / ``causal_conv1d_update``), per
+channel c of width K (2..4), taps oldest first, ``weight[c, K-1]`` multiplying the current input::
+
+    out_t[c] = act(bias[c] + sum_{k<K} weight[c, k] · u[t-K+1+k])      act = silu or identity
+
+The conv state of a channel is its previous K-1 inputs, oldest first: raw input values, so moving it between
+the pool, the registers and a window record never rounds (an fp32 pool holds them exactly, an I/O-dtype pool
+holds what the input held). A channel's window lives in MAX_WIDTH - 1 registers, right-aligned: the last K-1
+entries are the live ones. Every output is computed by :func:`conv_output` with its fmas in tap order, so the
+standalone conv and the fused verify produce the same bits.
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from kernel_src.ssm_math import silu
+
+MAX_WIDTH = 4
+SLOTS = MAX_WIDTH - 1   # register window entries
+
+
+def empty_window():
+    """A channel's window: a tuple of SLOTS fp32 values, right-aligned (scalars, so they stay in registers
+    across the row loops)."""
+    return tuple(Float32(0.0) for _ in range(SLOTS))
+
+
+@cute.jit
+def load_window(taps, width: Int32):
+    """The K-1 values of ``taps`` (a (K-1,) view of one pool slot's channel) as a window."""
+    win = []
+    for j in cutlass.range_constexpr(SLOTS):
+        k = j - (SLOTS - (width - 1))
+        value = Float32(0.0)
+        if k >= 0:
+            value = taps[k].to(Float32)
+        win.append(value)
+    return tuple(win)
+
+
+@cute.jit
+def store_window(win, taps, width: Int32, dtype: cutlass.Constexpr):
+    """The live K-1 values of ``win`` -> ``taps`` (a (K-1,) view of one pool slot's channel)."""
+    for j in cutlass.range_constexpr(SLOTS):
+        k = j - (SLOTS - (width - 1))
+        if k >= 0:
+            taps[k] = win[j].to(dtype)
+
+
+def push(win, u):
+    """The window shifted by one input (the oldest value drops out)."""
+    return (*win[1:], u)
+
+
+@cute.jit
+def conv_output(win, u: Float32, weight, bias: Float32, width: Int32, apply_silu: Int32) -> Float32:
+    """act(bias + Σ_k weight[k]·tap_k) over the window and the current input ``u``; ``weight`` is a (K,) view of
+    the channel's taps. Fmas in tap order (oldest first), starting from the bias."""
+    y = bias
+    for j in cutlass.range_constexpr(MAX_WIDTH):
+        k = j - (MAX_WIDTH - width)
+        if k >= 0:
+            tap = u
+            if cutlass.const_expr(j < SLOTS):
+                tap = win[j]
+            y = cute.math.fma(weight[k].to(Float32), tap, y)
+    if apply_silu != 0:
+        y = silu(y)
+    return y
+
+
+class ConvViews:
+    """The conv arrays of one call as CuTe views, and its run-time options (a trace-time record).
+
+    pool (num_slots, channels, K-1); xBC (batch, T, channels); weight (channels, K); bias (channels,) read only
+    when ``has_bias``; rows: the window record's raw rows (num_slots, capacity, channels); snapshots
+    (batch, T); out (batch, T, channels) when the conv outputs are stored.
+    """
+
+    def __init__(self, *, pool, xBC, weight, bias, has_bias, width, apply_silu, num_slots, rows=None,
+                 snapshots=None, out=None):
+        self.pool, self.xBC, self.weight, self.bias, self.has_bias = pool, xBC, weight, bias, has_bias
+        self.width, self.apply_silu, self.num_slots = width, apply_silu, num_slots
+        self.rows, self.snapshots, self.out = rows, snapshots, out
+
+    @cute.jit
+    def bias_of(self, c: Int32) -> Float32:
+        value = Float32(0.0)
+        if self.has_bias != 0:
+            value = self.bias[c].to(Float32)
+        return value
+
+
+@cute.jit
+def walk_channel(cv: ConvViews, mode: cutlass.Constexpr, b: Int32, slot: Int32, c: Int32, folds: Int32, T: Int32,
+                 pool_type: cutlass.Constexpr, io_type: cutlass.Constexpr):
+    """One channel of one valid request in a verify mode: fold the first ``folds`` pending rows (compact), then
+    the T rows, storing outputs when ``cv.out`` is given and every window the mode writes. The window is read
+    from the pool once, so a snapshot into the source slot cannot change what later rows see."""
+    K = cv.width
+    out, rows = cv.out, cv.rows   # stored to through locals: the DSL cannot carry the record through a loop
+    w0, w1, w2 = load_window(cv.pool[slot, c, None], K)
+    if cutlass.const_expr(mode == "compact"):
+        for i in cutlass.range(folds, unroll=1):
+            w0, w1, w2 = push((w0, w1, w2), rows[slot, i, c].to(Float32))
+        if folds > 0:
+            store_window((w0, w1, w2), cv.pool[slot, c, None], K, pool_type)
+    bias = cv.bias_of(c)
+    for t in cutlass.range(T, unroll=1):
+        u = cv.xBC[b, t, c]
+        if cutlass.const_expr(out is not None):
+            out[b, t, c] = conv_output((w0, w1, w2), u.to(Float32), cv.weight[c, None], bias, K,
+                                       cv.apply_silu).to(io_type)
+        w0, w1, w2 = push((w0, w1, w2), u.to(Float32))
+        if cutlass.const_expr(mode == "snapshot"):
+            target = cv.snapshots[b, t]
+            if target >= 0:
+                if target < cv.num_slots:
+                    store_window((w0, w1, w2), cv.pool[target, c, None], K, pool_type)
+        if cutlass.const_expr(mode == "compact"):
+            rows[slot, t, c] = u
+    if cutlass.const_expr(mode == "update"):
+        store_window((w0, w1, w2), cv.pool[slot, c, None], K, pool_type)
+
+
+@cute.jit
+def conv_at(cv: ConvViews, b: Int32, slot: Int32, valid: Int32, folds: Int32, c: Int32, t: Int32) -> Float32:
+    """The conv output of channel c for new row t, from global memory (the pool, then the ``folds`` pending
+    rows of the window record, then the new rows): what :func:`walk_channel` computes for that row, without
+    holding a window. Valid while nothing of the request's conv state has been written yet."""
+    K = cv.width
+    win = []
+    for j in cutlass.range_constexpr(SLOTS):
+        value = Float32(0.0)
+        k = j - (SLOTS - (K - 1))
+        if k >= 0:
+            value = _tap(cv, b, slot, valid, folds, c, folds + t + k)
+        win.append(value)
+    u = _tap(cv, b, slot, valid, folds, c, folds + t + K - 1)
+    return conv_output(win, u, cv.weight[c, None], cv.bias_of(c), K, cv.apply_silu)
+
+
+@cute.jit
+def _tap(cv: ConvViews, b: Int32, slot: Int32, valid: Int32, folds: Int32, c: Int32, p: Int32) -> Float32:
+    """Input p of the request's virtual row sequence: the K-1 pool values, the folded rows, the new rows.
+    A padding row (``valid`` 0) reads zeros for the pool part."""
+    held = cv.width - 1
+    value = Float32(0.0)
+    if p < held:
+        if valid != 0:
+            value = cv.pool[slot, c, p].to(Float32)
+    else:
+        q = p - held
+        if cutlass.const_expr(cv.rows is not None):
+            if q < folds:
+                value = cv.rows[slot, q, c].to(Float32)
+            else:
+                value = cv.xBC[b, q - folds, c].to(Float32)
+        else:
+            value = cv.xBC[b, q, c].to(Float32)
+    return value
+
+
+@cute.jit
+def last_arrival(ticket, arrivals: Int32, flag, tid: Int32) -> Int32:
+    """1 in every thread of the CTA that arrives last among the ``arrivals`` CTAs sharing ``ticket`` (an int32
+    pointer to a zero counter), else 0. The last CTA resets the counter to zero for the next call.
+
+    What the CTAs of one request share in place (a conv window read by every head, a window count) is
+    written only by the last one to arrive, after every CTA's reads: each CTA fences its reads before it
+    takes a ticket, and the last one fences before it writes. ``flag`` is one Int32 of shared memory.
+    """
+    cute.arch.fence_acq_rel_gpu()
+    cute.arch.sync_threads()
+    if tid == 0:
+        taken = cute.arch.atomic_add(ticket, Int32(1), sem="acq_rel", scope="gpu")
+        last = Int32(0)
+        if taken == arrivals - 1:
+            last = Int32(1)
+            cute.make_tensor(ticket, cute.make_layout((1,)))[0] = Int32(0)
+        flag[0] = last
+    cute.arch.sync_threads()
+    last = flag[0]
+    if last != 0:
+        cute.arch.fence_acq_rel_gpu()
+    return last
