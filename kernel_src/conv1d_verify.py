@@ -25,7 +25,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from kernel_src.abi import bind, cutlass_dtype, i32, ptr, strides
-from kernel_src.conv_window import ConvViews, last_arrival, walk_channel
+from kernel_src.conv_window import ConvViews, last_arrival, pool_combination_error, walk_channel
 
 CHANNELS_PER_CTA = 128
 
@@ -37,12 +37,7 @@ class Conv1dVerify:
     io_dtypes = ("bf16", "fp16", "fp32")
     pool_dtypes = ("bf16", "fp16", "fp32")
 
-    @staticmethod
-    def combination_error(io_dtype: str, pool_dtype: str, **_) -> str | None:
-        """The conv pool holds raw inputs: in the I/O dtype, or in fp32."""
-        if pool_dtype not in (io_dtype, "fp32"):
-            return f"a conv pool is in the I/O dtype ({io_dtype}) or fp32, not {pool_dtype}"
-        return None
+    combination_error = staticmethod(pool_combination_error)
 
     def __init__(self, mode: str, io_dtype: str, pool_dtype: str):
         for name, value, allowed in (("mode", mode, self.modes), ("io_dtype", io_dtype, self.io_dtypes),

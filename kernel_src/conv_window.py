@@ -23,6 +23,14 @@ MAX_WIDTH = 4
 SLOTS = MAX_WIDTH - 1   # register window entries
 
 
+def pool_combination_error(io_dtype: str, pool_dtype: str, **_) -> str | None:
+    """A conv pool holds raw inputs, so it is kept in the I/O dtype or in fp32: any other pair is not a variant
+    (the kernel classes' ``combination_error``)."""
+    if pool_dtype not in (io_dtype, "fp32"):
+        return f"a conv pool is in the I/O dtype ({io_dtype}) or fp32, not {pool_dtype}"
+    return None
+
+
 def empty_window():
     """A channel's window: a tuple of SLOTS fp32 values, right-aligned (scalars, so they stay in registers
     across the row loops)."""

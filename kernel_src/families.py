@@ -9,6 +9,7 @@ import itertools
 
 # family name -> "module:Class" in kernel_src (imported lazily: importing the DSL takes ~0.6 s)
 FAMILIES = {
+    "conv1d_fwd": "kernel_src.conv1d_fwd:Conv1dForward",
     "conv1d_verify": "kernel_src.conv1d_verify:Conv1dVerify",
     "ssd_chunk_cumsum": "kernel_src.ssd_chunk_cumsum:ChunkCumsum",
     "ssd_fwd": "kernel_src.ssd_fwd:SsdForward",

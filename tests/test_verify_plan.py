@@ -110,7 +110,8 @@ def test_plans_name_the_kernels_parameters_in_order():
     kernels = {"verify": kernel_class("verify")("compact", 64, 128, "bf16", "fp32"),
                "ssd_chunk_cumsum": kernel_class("ssd_chunk_cumsum")(64, "bf16"),
                "ssd_fwd": kernel_class("ssd_fwd")(64, 128, "bf16", "fp32"),
-               "conv1d_verify": kernel_class("conv1d_verify")("compact", "bf16", "fp32")}
+               "conv1d_verify": kernel_class("conv1d_verify")("compact", "bf16", "fp32"),
+               "conv1d_fwd": kernel_class("conv1d_fwd")("bf16", "fp32")}
     assert set(kernels) == set(PLANS)
     for family, kernel in kernels.items():
         assert tuple(p.name for p in kernel.params()) == PLANS[family].param_names, family

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 from .base import LaunchPlan
+from .conv1d_fwd import Conv1dForwardPlan
 from .conv1d_verify import Conv1dVerifyPlan
 from .ssd_chunk_cumsum import ChunkCumsumPlan
 from .ssd_fwd import SsdForwardPlan
 from .verify import VerifyPlan
 
-PLANS: dict[str, LaunchPlan] = {plan.family: plan for plan in (Conv1dVerifyPlan(), ChunkCumsumPlan(), SsdForwardPlan(),
-                                                                VerifyPlan())}
+PLANS: dict[str, LaunchPlan] = {plan.family: plan for plan in (Conv1dForwardPlan(), Conv1dVerifyPlan(), ChunkCumsumPlan(),
+                                                                SsdForwardPlan(), VerifyPlan())}
 
 __all__ = ["PLANS", "LaunchPlan"]

@@ -45,11 +45,10 @@ tickets let the last CTA of a request write the shared window count after every 
 from __future__ import annotations
 
 from ..errors import InvalidArgumentError, ShapeError
-from ..validation import (GRID_YZ_MAX, BoundCall, expect_complete, expect_dim, expect_dtype, expect_given,
-                          expect_mode_args, expect_rank, expect_shape, null_absent, record_strides,
+from ..validation import (BoundCall, expect_complete, expect_given, expect_mode_args, null_absent,
                           stride_names)
 from .base import LaunchPlan
-from .conv_inputs import CONV_STRIDES, bind_conv_pool, bind_conv_weights, bind_conv_window
+from .conv_inputs import CONV_STRIDES, bind_conv_pool, bind_conv_rows, bind_conv_weights, bind_conv_window
 from .pool_requests import bind_requests
 
 MODES = ("update", "snapshot", "compact")
@@ -85,17 +84,8 @@ class Conv1dVerifyPlan(LaunchPlan):
         expect_mode_args(mode, {"snapshot": ("snapshot_indices",), "compact": ("num_accepted",) + WINDOW},
                          snapshot_indices=snapshot_indices, num_accepted=num_accepted,
                          conv_window_count=conv_window_count, conv_window_xBC=conv_window_xBC, tickets=tickets)
-        expect_dtype(xBC, IO_DTYPES)
-        expect_rank(xBC, 3, "(batch, T, channels)")
-        batch, seqlen, channels = xBC.shape
-        if seqlen < (0 if mode == "compact" else 1):
-            raise ShapeError("xBC", f"xBC: T (dim 1) must be >= 1 (0 is allowed in compact mode), got {xBC.shape}")
-        expect_dim("xBC", "batch (dim 0)", batch, maximum=GRID_YZ_MAX)
-        expect_dtype(out, (xBC.dtype,))
-        expect_shape(out, xBC.shape, "(batch, T, channels) of xBC")
-        params = {"batch": batch, "seqlen": seqlen, "channels": channels, "xBC": xBC.ptr, "out": out.ptr}
-        record_strides(params, xBC, ("batch", "seqlen", "channel"))
-        record_strides(params, out, ("batch", "seqlen", "channel"))
+        params = {}
+        batch, seqlen, channels = bind_conv_rows(params, xBC, out, IO_DTYPES, "T", 0 if mode == "compact" else 1)
         inputs = [xBC] + bind_conv_weights(params, conv_weight=conv_weight, conv_bias=conv_bias,
                                            activation=activation, channels=channels)
         num_slots = bind_conv_pool(params, conv_state, channels=channels, width=params["width"], io_dtype=xBC.dtype)

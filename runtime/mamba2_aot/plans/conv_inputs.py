@@ -3,13 +3,31 @@ pool, with one validation of them for every launch plan (the standalone conv fam
 from __future__ import annotations
 
 from ..errors import InvalidArgumentError, ShapeError, StrideError
-from ..validation import expect_dtype, expect_rank, expect_shape, null_absent, record_strides, stride_names
+from ..validation import (GRID_YZ_MAX, expect_dim, expect_dtype, expect_rank, expect_shape, null_absent, record_strides,
+                          stride_names)
 
 MAX_WIDTH = 4          # the kernels' register window (kernel_src.conv_window.MAX_WIDTH)
 ACTIVATIONS = ("silu", None)
 
 # The kernels' strides for the conv weights, bias and pool, name for name.
 CONV_STRIDES = (stride_names("conv_weight", "channel", "tap") + stride_names("conv_bias", "channel"))
+
+
+def bind_conv_rows(params: dict, xBC, out, io_dtypes: tuple[str, ...], length: str, min_length: int) -> tuple:
+    """xBC (batch, length, channels) in one of ``io_dtypes`` and out like it, any strides; ``length`` names dim 1
+    in messages. Records them; returns xBC's shape."""
+    expect_dtype(xBC, io_dtypes)
+    expect_rank(xBC, 3, f"(batch, {length}, channels)")
+    batch, seqlen, channels = xBC.shape
+    if seqlen < min_length:
+        raise ShapeError("xBC", f"xBC: {length} (dim 1) must be >= {min_length}, got shape {xBC.shape}")
+    expect_dim("xBC", "batch (dim 0)", batch, maximum=GRID_YZ_MAX)
+    expect_dtype(out, (xBC.dtype,))
+    expect_shape(out, xBC.shape, f"(batch, {length}, channels) of xBC")
+    params.update(batch=batch, seqlen=seqlen, channels=channels, xBC=xBC.ptr, out=out.ptr)
+    record_strides(params, xBC, ("batch", "seqlen", "channel"))
+    record_strides(params, out, ("batch", "seqlen", "channel"))
+    return batch, seqlen, channels
 
 
 def bind_conv_weights(params: dict, *, conv_weight, conv_bias, activation, channels: int) -> list:

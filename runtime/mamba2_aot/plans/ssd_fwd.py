@@ -60,9 +60,10 @@ import math
 
 from ..errors import AlignmentError, InvalidArgumentError, ShapeError, StrideError
 from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_complete, expect_dim, expect_dt_limit,
-                          expect_dtype, expect_given, expect_int, expect_rank, expect_shape, null_absent,
+                          expect_dtype, expect_given, expect_int, expect_shape, null_absent,
                           record_strides, stride_names)
 from .base import LaunchPlan
+from .sequence_states import bind_cu_seqlens, bind_sequence_states, state_dtype
 from .ssm_inputs import SSM_STRIDES, bind_ssm_inputs, x_shape
 
 IO_DTYPES = ("bf16", "fp16")
@@ -127,14 +128,7 @@ class SsdForwardPlan(LaunchPlan):
             raise InvalidArgumentError("seq_idx", "seq_idx: pass seq_idx or cu_seqlens, not both")
         num_seqs, sources = batch, batch
         if cu_seqlens is not None:
-            expect_dtype(cu_seqlens, ("int32",))
-            expect_rank(cu_seqlens, 1, "(num_seqs + 1,)")
-            if batch != 1:
-                raise ShapeError("x", f"x: cu_seqlens packs sequences along L and needs batch == 1, got {batch}")
-            num_seqs = sources = cu_seqlens.shape[0] - 1
-            if num_seqs < 1:
-                raise ShapeError("cu_seqlens", "cu_seqlens: needs at least 2 entries (one sequence)")
-            record_strides(params, cu_seqlens, ("seq",))
+            num_seqs = sources = bind_cu_seqlens(params, cu_seqlens, batch, "x")
             inputs.append(cu_seqlens)
         if seq_idx is not None:
             expect_dtype(seq_idx, ("int32",))
@@ -153,36 +147,20 @@ class SsdForwardPlan(LaunchPlan):
                    maximum=GRID_YZ_MAX)
         params["num_seqs"] = num_seqs
 
-        state_dtype = _state_dtype(initial_states, final_states)
-        in_place = initial_states is not None and final_states is not None and _same_array(initial_states, final_states)
-        for role, arr, idx in (("initial", initial_states, initial_state_indices),
-                               ("final", final_states, final_state_indices)):
-            plural = f"{role}_states"
-            index_name = f"{role}_state_indices"
-            if arr is None:
-                if idx is not None:
-                    raise InvalidArgumentError(index_name, f"{index_name}: given without {plural}")
-                params[f"num_{role}_slots"] = 0
-                continue
-            expect_rank(arr, 4, "(num_seqs or num_slots, nheads, headdim, d_state)")
-            slots = arr.shape[0]
-            expect_shape(arr, (slots, nheads, headdim, d_state), "(num_seqs or num_slots, nheads, headdim, d_state)")
+        dtype = state_dtype(initial_states, final_states, STATE_DTYPES, default="fp32")
+
+        def contiguous_blocks(arr):
             if arr.strides[2:] != (d_state, 1):
-                raise StrideError(plural, f"{plural}: each (sequence, head) block must be a contiguous headdim × "
+                raise StrideError(arr.name, f"{arr.name}: each (sequence, head) block must be a contiguous headdim × "
                                   f"d_state matrix (strides (..., {d_state}, 1)), got strides {arr.strides}")
-            if idx is None:
-                expect_shape(arr, (num_seqs, nheads, headdim, d_state), "(num_seqs, nheads, headdim, d_state)")
-            else:
-                expect_dtype(idx, ("int32",))
-                expect_shape(idx, (num_seqs,), "(num_seqs,)")
-                record_strides(params, idx, ("seq",))
-                inputs.append(idx)
-            record_strides(params, arr, ("slot", "head"))
-            params[f"num_{role}_slots"] = slots
-            if role == "final":
-                outputs.append(arr)
-            elif not in_place:
-                inputs.append(arr)
+
+        read, written = bind_sequence_states(
+            params, initial_states=initial_states, initial_state_indices=initial_state_indices,
+            final_states=final_states, final_state_indices=final_state_indices, num_seqs=num_seqs,
+            block=(nheads, headdim, d_state), block_dims="nheads, headdim, d_state", stride_dims=("slot", "head"),
+            check_block=contiguous_blocks)
+        inputs += read
+        outputs += written
 
         if chunk_states is not None:
             expect_dtype(chunk_states, ("fp32",))
@@ -194,17 +172,15 @@ class SsdForwardPlan(LaunchPlan):
             record_strides(params, chunk_states, ("batch", "chunk", "head"))
             outputs.append(chunk_states)
 
-        optional = {"chunk_states": chunk_states, "seq_idx": seq_idx, "cu_seqlens": cu_seqlens,
-                    "initial_states": initial_states, "initial_state_indices": initial_state_indices,
-                    "final_states": final_states, "final_state_indices": final_state_indices}
+        optional = {"chunk_states": chunk_states, "seq_idx": seq_idx, "cu_seqlens": cu_seqlens}
         for name, arr in optional.items():
             params[name] = arr.ptr if arr is not None else 0
             params[f"has_{name}"] = int(arr is not None)
-        null_absent(params, self.param_names, optional)  # absent: null pointer and zero strides
+        null_absent(params, self.param_names, (*optional, *STATE_ARRAYS))  # absent: null pointer and zero strides
         expect_complete(params, self.param_names, self.family)
 
         return BoundCall(
-            constants={"headdim": headdim, "d_state": d_state, "io_dtype": x.dtype, "state_dtype": state_dtype},
+            constants={"headdim": headdim, "d_state": d_state, "io_dtype": x.dtype, "state_dtype": dtype},
             grid=(headdim // P_TILE, nheads, sources),
             params=params,
             inputs=tuple(inputs),
@@ -221,16 +197,3 @@ def _expect_vector_operand(arr) -> None:
         raise StrideError(arr.name, f"{arr.name}: strides {arr.strides} must be multiples of {VECTOR} elements "
                           "(16 bytes) except the last")
 
-
-def _state_dtype(initial_states, final_states) -> str:
-    given = [a for a in (initial_states, final_states) if a is not None]
-    for arr in given:
-        expect_dtype(arr, STATE_DTYPES)
-    if len(given) == 2 and given[0].dtype != given[1].dtype:
-        raise InvalidArgumentError("final_states", f"final_states: dtype {given[1].dtype} differs from "
-                                   f"initial_states' {given[0].dtype} (one state dtype per call)")
-    return given[0].dtype if given else "fp32"
-
-
-def _same_array(a, b) -> bool:
-    return (a.ptr, a.shape, a.strides, a.dtype) == (b.ptr, b.shape, b.strides, b.dtype)
