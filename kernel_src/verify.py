@@ -18,6 +18,15 @@ Modes (a compile-time constant):
   per (slot, head)) into slot s in place, run the T new tokens from there, and store them as the new
   pending window. T = 0 only folds (a commit).
 
+Fused pre-conv (``conv_dtype`` not "none"): x, B and C are not inputs but the causal conv1d of the raw xBC rows
+(channels [x (H·P) | B (G·N) | C (G·N)], Mamba-2's split) over the slot's conv window, computed exactly as
+``conv1d_verify`` computes them and rounded to the I/O dtype as its output would be; the conv pool and the conv
+window record are written as ``conv1d_verify`` writes them, so a fused call equals the pair conv1d_verify →
+verify bitwise (outputs, both pools, both window records). Each CTA writes the conv state of its head's x
+channels; the B and C channels, which every head of a group reads, and the conv window count are written by
+the request's last CTA to finish (a per-slot ticket), after every head has read them. In compact mode the SSM
+window count clamps num_accepted for both pools.
+
 Rows are padding (outputs zero, nothing read or written) when the slot index is negative or past the pool;
 an out-of-range slot, snapshot index or num_accepted (clamped to [0, pending]) is counted in the optional
 device counter. One CTA owns one (request, head): its warps split the P rows, each lane holds N/32
@@ -30,6 +39,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
+from kernel_src.conv_window import ConvViews, conv_at, last_arrival, walk_channel
 from kernel_src.ssm_math import delta_from_dt, silu
 
 WARP = 32
@@ -48,20 +58,33 @@ class Verify:
     d_states = (64, 128, 256)
     io_dtypes = ("bf16", "fp16", "fp32")
     pool_dtypes = ("fp32", "bf16", "fp16")
+    conv_dtypes = ("none", "bf16", "fp16", "fp32")
 
-    def __init__(self, mode: str, headdim: int, d_state: int, io_dtype: str, pool_dtype: str):
+    @staticmethod
+    def combination_error(io_dtype: str, conv_dtype: str, **_) -> str | None:
+        """The fused conv's pool holds raw inputs: in the I/O dtype or fp32 (bf16 / fp16 I/O only)."""
+        if conv_dtype != "none" and (io_dtype == "fp32" or conv_dtype not in (io_dtype, "fp32")):
+            return f"a fused conv pool is in the bf16 / fp16 I/O dtype or fp32 ({io_dtype} I/O, {conv_dtype} pool)"
+        return None
+
+    def __init__(self, mode: str, headdim: int, d_state: int, io_dtype: str, pool_dtype: str, conv_dtype: str):
         for name, value, allowed in (("mode", mode, self.modes), ("headdim", headdim, self.headdims),
                                      ("d_state", d_state, self.d_states), ("io_dtype", io_dtype, self.io_dtypes),
-                                     ("pool_dtype", pool_dtype, self.pool_dtypes)):
+                                     ("pool_dtype", pool_dtype, self.pool_dtypes),
+                                     ("conv_dtype", conv_dtype, self.conv_dtypes)):
             if value not in allowed:
                 raise ValueError(f"{name} {value!r} not in {allowed}")
+        error = self.combination_error(io_dtype, conv_dtype)
+        if error:
+            raise ValueError(error)
         self.mode, self.headdim, self.d_state = mode, headdim, d_state
-        self.io_dtype, self.pool_dtype = io_dtype, pool_dtype
+        self.io_dtype, self.pool_dtype, self.conv_dtype = io_dtype, pool_dtype, conv_dtype
+        self.fused = conv_dtype != "none"
         self.cols_per_lane = d_state // WARP
         # compact runs at 2 CTAs per SM anyway (its fold needs the registers), so up to N = 128 it holds twice
-        # the state per lane and saves a row pass: T = 8 at batch 64 went from 885 to 640 µs (update and
+        # the state per lane and saves a row pass (not when fused: that spills): T = 8 at batch 64 went from 885 to 640 µs (update and
         # snapshot would spill under their 3-CTA cap, and so does compact with N = 256 on sm_100a)
-        doubled = mode == "compact" and self.cols_per_lane <= 4
+        doubled = mode == "compact" and self.cols_per_lane <= 4 and not self.fused
         state_regs = 2 * STATE_REGS_PER_LANE if doubled else STATE_REGS_PER_LANE
         self.num_warps = min(MAX_WARPS, max(4, headdim * self.cols_per_lane // state_regs))
         rows_per_lane = headdim // self.num_warps
@@ -69,13 +92,15 @@ class Verify:
         self.rows_per_warp = rows_per_lane // self.row_passes
         self.row_bits = self.rows_per_warp.bit_length() - 1  # log2: rows_per_warp is a power of two
         self.block = (self.num_warps * WARP, 1, 1)
-        # 3 CTAs per SM cap a thread at 80 registers; the compact fold, and lanes with 8 columns (N = 256: twice
-        # the B and C values in flight), need more and get 2.
-        self.min_ctas_per_sm = 2 if mode == "compact" or self.cols_per_lane > 4 else 3
+        # 3 CTAs per SM cap a thread at 80 registers; the compact fold, lanes with 8 columns (N = 256: twice
+        # the B and C values in flight) and the fused conv (its address arithmetic) need more and get 2.
+        self.min_ctas_per_sm = 2 if mode == "compact" or self.cols_per_lane > 4 or self.fused else 3
         # a lane's columns are one vector access: the runtime checks the pool's base alignment (bytes)
         self.state_align = min(16, self.cols_per_lane * {"fp32": 4, "bf16": 2, "fp16": 2}[pool_dtype])
         self.cluster = (1, 1, 1)
-        self.dynamic_smem = 0
+        # fused: one token's conv outputs (x rows, then B and C columns) and the ticket's flag
+        self.conv_row = headdim + 2 * d_state
+        self.dynamic_smem = self.conv_row * {"fp32": 4, "bf16": 2, "fp16": 2}[io_dtype] + 16 if self.fused else 0
 
     def params(self):
         io, pool = self.io_dtype, self.pool_dtype
@@ -95,6 +120,14 @@ class Verify:
             *strides("window_dt", "slot", "row", "head"),
             i32("has_D"), i32("has_z"), i32("has_dt_bias"), i32("dt_softplus"), i32("has_rejected"),
             f32("dt_min"), f32("dt_max"),
+            # the fused pre-conv (null and zero in unfused variants)
+            ptr("conv_state", io if not self.fused else self.conv_dtype), ptr("xBC", io), ptr("conv_weight", "fp32"),
+            ptr("conv_bias", "fp32"), ptr("conv_window_count", "int32"), ptr("conv_window_xBC", io),
+            ptr("tickets", "int32"), i32("channels"), i32("width"),
+            *strides("conv_state", "slot", "channel", "tap"), *strides("xBC", "batch", "seqlen", "channel"),
+            *strides("conv_weight", "channel", "tap"), *strides("conv_bias", "channel"),
+            *strides("conv_window_count", "slot"), *strides("conv_window_xBC", "slot", "row", "channel"),
+            *strides("tickets", "slot"), i32("has_conv_bias"), i32("silu"),
         ]
 
     @cute.jit
@@ -149,6 +182,22 @@ class Verify:
 
         A_h = view(a.A, (H,), a.stride_A_head)[h]
         dt_bias = view(a.dt_bias, (H,), a.stride_dt_bias_head)
+        cv = None
+        if cutlass.const_expr(self.fused):
+            K = a.width
+            cv = ConvViews(
+                pool=view(a.conv_state, (a.num_slots, a.channels, K - 1), a.stride_conv_state_slot,
+                          a.stride_conv_state_channel, a.stride_conv_state_tap),
+                xBC=view(a.xBC, (a.batch, T, a.channels), a.stride_xBC_batch, a.stride_xBC_seqlen,
+                         a.stride_xBC_channel),
+                weight=view(a.conv_weight, (a.channels, K), a.stride_conv_weight_channel, a.stride_conv_weight_tap),
+                bias=view(a.conv_bias, (a.channels,), a.stride_conv_bias_channel), has_bias=a.has_conv_bias,
+                width=K, apply_silu=a.silu, num_slots=a.num_slots, snapshots=snapshots,
+                rows=view(a.conv_window_xBC, (a.num_slots, cap, a.channels), a.stride_conv_window_xBC_slot,
+                          a.stride_conv_window_xBC_row, a.stride_conv_window_xBC_channel) if compact else None)
+            smem = cutlass.utils.SmemAllocator()
+            sConv = smem.allocate_tensor(io_type, cute.make_layout((self.conv_row,)), 16)
+            flag = smem.allocate_tensor(Int32, cute.make_layout((1,)), 16)
 
         slot = view(a.state_indices, (a.batch,), a.stride_state_indices_batch)[b]
         valid = Int32(0)
@@ -194,7 +243,11 @@ class Verify:
             # Padding rows run the token loop too (from a zero state, on their own inputs) so that the warp
             # shuffles stay in uniform control flow; only the writes depend on the row being valid.
             for t in range(T):
-                self._load_token(x, dt, Bm, Cm, b, t, h, g, row0, lane, cur_x, cur_B, cur_C, cur_dt)
+                if cutlass.const_expr(self.fused):
+                    self._stage_conv_token(a, cv, sConv, b, slot, valid, folds, t, h, g, tid, io_type)
+                    self._load_token(sConv, dt, sConv, sConv, b, t, h, g, row0, lane, cur_x, cur_B, cur_C, cur_dt)
+                else:
+                    self._load_token(x, dt, Bm, Cm, b, t, h, g, row0, lane, cur_x, cur_B, cur_C, cur_dt)
                 self._advance(a, st, cur_dt[0], dt_bias, h, A_h, cur_x, cur_B, pool_type)
                 for r in cutlass.range_constexpr(R):
                     sums[r] = Float32(0.0)
@@ -204,7 +257,12 @@ class Verify:
                 row = row0 + (lane >> (5 - self.row_bits))
                 y = self._reduce_rows(sums, lane)
                 if a.has_D != 0:  # D and x re-read here: L1 hits, where holding them would cost registers
-                    y = cute.math.fma(D[h, row], x[b, t, h, row].to(Float32), y)
+                    x_row = Float32(0.0)
+                    if cutlass.const_expr(self.fused):
+                        x_row = sConv[row].to(Float32)
+                    else:
+                        x_row = x[b, t, h, row].to(Float32)
+                    y = cute.math.fma(D[h, row], x_row, y)
                 if a.has_z != 0:
                     y = y * silu(z[b, t, h, row].to(Float32))
                 if valid == 0:
@@ -239,6 +297,9 @@ class Verify:
             if valid != 0:
                 if tid == 0:
                     w_count[slot, h] = T
+        if cutlass.const_expr(self.fused):
+            if valid != 0:
+                self._conv_bookkeeping(a, cv, flag, b, slot, folds, h, tid)
 
     def _token_buffers(self, io_type):
         """Registers for one token's inputs: x (R), B (V), C (V), dt (1), in the I/O dtype."""
@@ -247,12 +308,57 @@ class Verify:
 
     @cute.jit
     def _load_token(self, x, dt, Bm, Cm, b, t, h, g, row0, lane, x_buf, B_buf, C_buf, dt_buf):
+        """Token t's x rows and B, C columns of this lane, from global memory or (fused) the staged conv row."""
+        V = self.cols_per_lane
         for r in cutlass.range_constexpr(self.rows_per_warp):
-            x_buf[r] = x[b, t, h, row0 + r]
-        for j in cutlass.range_constexpr(self.cols_per_lane):
-            B_buf[j] = Bm[b, t, g, lane * self.cols_per_lane + j]
-            C_buf[j] = Cm[b, t, g, lane * self.cols_per_lane + j]
+            if cutlass.const_expr(self.fused):
+                x_buf[r] = x[row0 + r]
+            else:
+                x_buf[r] = x[b, t, h, row0 + r]
+        for j in cutlass.range_constexpr(V):
+            if cutlass.const_expr(self.fused):
+                B_buf[j] = Bm[self.headdim + lane * V + j]
+                C_buf[j] = Cm[self.headdim + self.d_state + lane * V + j]
+            else:
+                B_buf[j] = Bm[b, t, g, lane * V + j]
+                C_buf[j] = Cm[b, t, g, lane * V + j]
         dt_buf[0] = dt[b, t, h]
+
+    @cute.jit
+    def _stage_conv_token(self, a, cv, sConv, b, slot, valid, folds, t, h, g, tid, io_type):
+        """The fused pre-conv of token t, as conv1d_verify outputs it: this head's x rows, then its group's B and C
+        columns, computed once per CTA into shared memory (every warp then reads its own)."""
+        P, N = self.headdim, self.d_state
+        threads = self.num_warps * WARP
+        x_channels = a.nheads * P
+        B_first = x_channels + g * N
+        C_first = x_channels + (a.nheads // a.heads_per_group) * N + g * N
+        cute.arch.sync_threads()   # every warp has read the previous token's row
+        for i in cutlass.range(tid, self.conv_row, threads, unroll=1):
+            c = h * P + i
+            if i >= P + N:
+                c = C_first + i - (P + N)
+            elif i >= P:
+                c = B_first + i - P
+            sConv[i] = conv_at(cv, b, slot, valid, folds, c, t).to(io_type)
+        cute.arch.sync_threads()
+
+    @cute.jit
+    def _conv_bookkeeping(self, a, cv, flag, b, slot, folds, h, tid):
+        """Write the fused conv's pool and window record as conv1d_verify would: this head's x channels now
+        (only this CTA reads them), the shared B and C channels and the window count by the request's last CTA."""
+        conv_type, io_type = cutlass_dtype(self.conv_dtype), cutlass_dtype(self.io_dtype)
+        P, threads = self.headdim, self.num_warps * WARP
+        cute.arch.sync_threads()   # every warp has read this head's conv inputs
+        for c in cutlass.range(h * P + tid, h * P + P, threads, unroll=1):
+            walk_channel(cv, self.mode, b, slot, c, folds, a.seqlen, conv_type, io_type)
+        if last_arrival(a.tickets + slot * a.stride_tickets_slot, a.nheads, flag, tid) != 0:
+            for c in cutlass.range(a.nheads * P + tid, a.channels, threads, unroll=1):
+                walk_channel(cv, self.mode, b, slot, c, folds, a.seqlen, conv_type, io_type)
+            if cutlass.const_expr(self.mode == "compact"):
+                if tid == 0:
+                    cute.make_tensor(a.conv_window_count, cute.make_layout(
+                        (a.num_slots,), stride=(a.stride_conv_window_count_slot,)))[slot] = a.seqlen
 
     @cute.jit
     def _reduce_rows(self, sums, lane):

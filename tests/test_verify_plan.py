@@ -36,7 +36,8 @@ def test_valid_call_binds_every_parameter(mode):
     call = plan.bind(**args)
     assert set(call.params) == set(plan.param_names)
     assert call.grid == (H, BATCH, 1)
-    assert call.constants == {"mode": mode, "headdim": P, "d_state": N, "io_dtype": "fp16", "pool_dtype": "fp32"}
+    assert call.constants == {"mode": mode, "headdim": P, "d_state": N, "io_dtype": "fp16", "pool_dtype": "fp32",
+                              "conv_dtype": "none"}
     assert call.params["heads_per_group"] == H // G and call.params["window_capacity"] == (CAP if mode == "compact"
                                                                                             else 0)
     assert call.params["stride_D_dim"] == 1 and call.params["has_z"] == 1
@@ -107,7 +108,7 @@ def test_plans_name_the_kernels_parameters_in_order():
     from conftest import ROOT
     sys.path.insert(0, str(ROOT))
     from kernel_src.families import kernel_class
-    kernels = {"verify": kernel_class("verify")("compact", 64, 128, "bf16", "fp32"),
+    kernels = {"verify": kernel_class("verify")("compact", 64, 128, "bf16", "fp32", "bf16"),
                "ssd_chunk_cumsum": kernel_class("ssd_chunk_cumsum")(64, "bf16"),
                "ssd_fwd": kernel_class("ssd_fwd")(64, 128, "bf16", "fp32"),
                "conv1d_verify": kernel_class("conv1d_verify")("compact", "bf16", "fp32"),

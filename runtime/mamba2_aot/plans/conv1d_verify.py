@@ -35,8 +35,10 @@ rejected           (1,) or None                 int32            incremented onc
 ``out[b, t, c] = act(conv_bias[c] + Σ_k conv_weight[c, k] · u[t-K+1+k])`` over the slot's window followed by
 the rows. Padding and out-of-range rules are verify's: a negative slot is a padding row (outputs zero,
 nothing of the pool or the window read or written); a slot >= num_slots is treated the same and counted in
-``rejected``; a snapshot index >= num_slots is skipped and counted; ``num_accepted`` outside
-[0, conv_window_count] is clamped and counted. Slots (and snapshot targets) must be distinct within one call.
+``rejected``; on valid rows, a snapshot index >= num_slots is skipped and counted and ``num_accepted``
+outside [0, conv_window_count] is clamped and counted (a window count outside [0, capacity] is clamped to it).
+Slots (and snapshot targets) must be distinct within one call, and the tickets zero when it starts (neither
+can be checked without reading device memory). Window rows past the new count keep their old bytes.
 The window moves without rounding, so T one-row updates equal one T-row update and compact replay equals
 snapshot mode, bitwise. A fresh window record is all zeros; compact mode accepts T = 0 (a commit) and
 T <= capacity. One CTA per (128 channels, request): grid rule ``channels/128,batch``; no workspace (the
@@ -48,7 +50,8 @@ from ..errors import InvalidArgumentError, ShapeError
 from ..validation import (BoundCall, expect_complete, expect_given, expect_mode_args, null_absent,
                           stride_names)
 from .base import LaunchPlan
-from .conv_inputs import CONV_STRIDES, bind_conv_pool, bind_conv_rows, bind_conv_weights, bind_conv_window
+from .conv_inputs import (CONV_STRIDES, bind_conv_pool, bind_conv_rows, bind_conv_weights, bind_conv_window,
+                          bind_tickets)
 from .pool_requests import bind_requests
 
 MODES = ("update", "snapshot", "compact")
@@ -97,8 +100,9 @@ class Conv1dVerifyPlan(LaunchPlan):
 
         capacity = 0
         if mode == "compact":
-            capacity = bind_conv_window(params, conv_window_count, conv_window_xBC, tickets, num_slots=num_slots,
+            capacity = bind_conv_window(params, conv_window_count, conv_window_xBC, num_slots=num_slots,
                                         channels=channels, io_dtype=xBC.dtype)
+            bind_tickets(params, tickets, num_slots)
             if seqlen > capacity:
                 raise ShapeError("xBC", f"xBC: T = {seqlen} new rows exceed the window capacity {capacity}")
             outputs += [conv_window_count, conv_window_xBC, tickets]

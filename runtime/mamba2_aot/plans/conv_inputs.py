@@ -68,20 +68,26 @@ def bind_conv_pool(params: dict, conv_state, *, channels: int, width: int, io_dt
     return num_slots
 
 
-def bind_conv_window(params: dict, conv_window_count, conv_window_xBC, tickets, *, num_slots: int, channels: int,
+def bind_conv_window(params: dict, conv_window_count, conv_window_xBC, *, num_slots: int, channels: int,
                      io_dtype: str) -> int:
-    """The conv window record (count (num_slots,) int32, raw rows (num_slots, capacity, channels) in the I/O
-    dtype) and the per-slot tickets (num_slots,) int32. Records them; returns the capacity."""
+    """The conv window record: count (num_slots,) int32 and raw rows (num_slots, capacity, channels) in the I/O
+    dtype. Records them; returns the capacity."""
     expect_dtype(conv_window_count, ("int32",))
     expect_shape(conv_window_count, (num_slots,), "(num_slots,)")
     expect_dtype(conv_window_xBC, (io_dtype,))
     expect_rank(conv_window_xBC, 3, "(num_slots, capacity, channels)")
     capacity = conv_window_xBC.shape[1]
     expect_shape(conv_window_xBC, (num_slots, capacity, channels), "(num_slots, capacity, channels)")
-    expect_dtype(tickets, ("int32",))
-    expect_shape(tickets, (num_slots,), "(num_slots,)")
-    for arr, dims in ((conv_window_count, ("slot",)), (conv_window_xBC, ("slot", "row", "channel")),
-                      (tickets, ("slot",))):
+    for arr, dims in ((conv_window_count, ("slot",)), (conv_window_xBC, ("slot", "row", "channel"))):
         record_strides(params, arr, dims)
         params[arr.name] = arr.ptr
     return capacity
+
+
+def bind_tickets(params: dict, tickets, num_slots: int) -> None:
+    """tickets (num_slots,) int32: the arrival counters that let the last CTA of a request write what all of its
+    CTAs read (zero when created; every call leaves them zero)."""
+    expect_dtype(tickets, ("int32",))
+    expect_shape(tickets, (num_slots,), "(num_slots,)")
+    record_strides(params, tickets, ("slot",))
+    params["tickets"] = tickets.ptr

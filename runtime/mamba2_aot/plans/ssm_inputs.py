@@ -36,31 +36,39 @@ def bind_ssm_inputs(params: dict, *, x, dt, A, B, C, out, D, z, dt_bias, length:
     """Check the SSM arrays against x (already checked by :func:`x_shape`) and record their pointers, strides
     and ``has_*`` flags (an absent optional array: null pointer, zero strides).
 
-    dt (batch, length, H) and B, C (batch, length, G, N) in x's dtype, G dividing H; A (H,) fp32; out like x;
-    D (H,) fp32 (broadcast over P: stride 0) or (H, P); z like x; dt_bias (H,) fp32. Returns the shape and the
-    arrays read, in order.
+    B, C (batch, length, G, N) in x's dtype, G dividing H, last dim contiguous; the rest as in
+    :func:`bind_ssm_gates`. Returns the shape and the arrays read, in order.
     """
     batch, seqlen, nheads, headdim = x.shape
-    io = (x.dtype,)
-    expect_dtype(dt, io)
-    expect_shape(dt, (batch, seqlen, nheads), f"(batch, {length}, nheads) of x")
-    expect_dtype(A, ("fp32",))
-    expect_shape(A, (nheads,), "(nheads,)")
+    read = bind_ssm_gates(params, x.shape, x.dtype, dt=dt, A=A, out=out, D=D, z=z, dt_bias=dt_bias, length=length)
     expect_rank(B, 4, f"(batch, {length}, ngroups, d_state)")
     ngroups = B.shape[2]
     if ngroups < 1 or nheads % ngroups:
         raise ShapeError("B", f"B: ngroups (dim 2) = {ngroups} must divide nheads = {nheads}")
     d_state = B.shape[3]
     for m in (B, C):
-        expect_dtype(m, io)
+        expect_dtype(m, (x.dtype,))
         expect_shape(m, (batch, seqlen, ngroups, d_state), f"(batch, {length}, ngroups, d_state) of x")
-    expect_dtype(out, io)
-    expect_shape(out, x.shape, f"(batch, {length}, nheads, headdim) of x")
+    params.update(x=x.ptr, B=B.ptr, C=C.ptr, heads_per_group=nheads // ngroups)
+    for arr, dims in ((x, ("batch", "seqlen", "head")), (B, ("batch", "seqlen", "group")),
+                      (C, ("batch", "seqlen", "group"))):
+        record_strides(params, arr, dims)
+    return SsmShape(batch, seqlen, nheads, headdim, ngroups, d_state), [x, B, C] + read
 
-    params.update(x=x.ptr, dt=dt.ptr, A=A.ptr, B=B.ptr, C=C.ptr, out=out.ptr, heads_per_group=nheads // ngroups)
-    for arr, dims in ((x, ("batch", "seqlen", "head")), (dt, ("batch", "seqlen", "head")), (A, ("head",)),
-                      (B, ("batch", "seqlen", "group")), (C, ("batch", "seqlen", "group")),
-                      (out, ("batch", "seqlen", "head"))):
+
+def bind_ssm_gates(params: dict, shape: tuple, io: str, *, dt, A, out, D, z, dt_bias, length: str) -> list:
+    """Everything but x, B and C, for x's ``shape`` (batch, length, H, P): dt (batch, length, H) in the ``io``
+    dtype; A (H,) fp32; out (batch, length, H, P) in ``io``; D (H,) fp32 (broadcast over P: stride 0) or (H, P);
+    z like out; dt_bias (H,) fp32. Records pointers, strides and ``has_*`` flags; returns the arrays read."""
+    batch, seqlen, nheads, headdim = shape
+    expect_dtype(dt, (io,))
+    expect_shape(dt, (batch, seqlen, nheads), f"(batch, {length}, nheads)")
+    expect_dtype(A, ("fp32",))
+    expect_shape(A, (nheads,), "(nheads,)")
+    expect_dtype(out, (io,))
+    expect_shape(out, (batch, seqlen, nheads, headdim), f"(batch, {length}, nheads, headdim)")
+    params.update(dt=dt.ptr, A=A.ptr, out=out.ptr)
+    for arr, dims in ((dt, ("batch", "seqlen", "head")), (A, ("head",)), (out, ("batch", "seqlen", "head"))):
         record_strides(params, arr, dims)
     if D is not None:
         expect_dtype(D, ("fp32",))
@@ -70,8 +78,8 @@ def bind_ssm_inputs(params: dict, *, x, dt, A, B, C, out, D, z, dt_bias, length:
             expect_shape(D, (nheads, headdim), "(nheads,) or (nheads, headdim)")
             record_strides(params, D, ("head", "dim"))
     if z is not None:
-        expect_dtype(z, io)
-        expect_shape(z, x.shape, f"(batch, {length}, nheads, headdim) of x")
+        expect_dtype(z, (io,))
+        expect_shape(z, (batch, seqlen, nheads, headdim), f"(batch, {length}, nheads, headdim)")
         record_strides(params, z, ("batch", "seqlen", "head"))
     if dt_bias is not None:
         expect_dtype(dt_bias, ("fp32",))
@@ -81,5 +89,4 @@ def bind_ssm_inputs(params: dict, *, x, dt, A, B, C, out, D, z, dt_bias, length:
         params[name] = arr.ptr if arr is not None else 0
         params[f"has_{name}"] = int(arr is not None)
     null_absent(params, SSM_STRIDES, ("D", "z", "dt_bias"))
-    inputs = [x, dt, A, B, C] + [arr for arr in (D, z, dt_bias) if arr is not None]
-    return SsmShape(batch, seqlen, nheads, headdim, ngroups, d_state), inputs
+    return [dt, A] + [arr for arr in (D, z, dt_bias) if arr is not None]

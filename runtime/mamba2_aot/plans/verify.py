@@ -52,13 +52,15 @@ from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_complete, 
                           expect_dtype, expect_given, expect_mode_args, expect_rank, expect_shape, null_absent,
                           record_strides, stride_names)
 from .base import LaunchPlan
+from .conv_inputs import CONV_STRIDES, bind_conv_pool, bind_conv_weights, bind_conv_window, bind_tickets
 from .pool_requests import bind_requests
-from .ssm_inputs import SSM_STRIDES, bind_ssm_inputs, x_shape
+from .ssm_inputs import SSM_STRIDES, bind_ssm_gates, bind_ssm_inputs, x_shape
 
 MODES = ("update", "snapshot", "compact")
 IO_DTYPES = ("bf16", "fp16", "fp32")
 POOL_DTYPES = ("fp32", "bf16", "fp16")
 WINDOW = ("window_count", "window_x", "window_B", "window_dt")
+CONV_WINDOW = ("conv_window_count", "conv_window_xBC")
 
 
 class VerifyPlan(LaunchPlan):
@@ -75,34 +77,66 @@ class VerifyPlan(LaunchPlan):
         + stride_names("window_x", "slot", "row", "head") + stride_names("window_B", "slot", "row", "head")
         + stride_names("window_dt", "slot", "row", "head")
         + ("has_D", "has_z", "has_dt_bias", "dt_softplus", "has_rejected", "dt_min", "dt_max")
+        + ("conv_state", "xBC", "conv_weight", "conv_bias", "conv_window_count", "conv_window_xBC", "tickets",
+           "channels", "width")
+        + stride_names("conv_state", "slot", "channel", "tap") + stride_names("xBC", "batch", "seqlen", "channel")
+        + CONV_STRIDES + stride_names("conv_window_count", "slot")
+        + stride_names("conv_window_xBC", "slot", "row", "channel") + stride_names("tickets", "slot")
+        + ("has_conv_bias", "silu")
     )
     arrays = ("state", "x", "dt", "A", "B", "C", "out", "state_indices", "D", "z", "dt_bias", "snapshot_indices",
-              "num_accepted", "rejected") + WINDOW
+              "num_accepted", "rejected") + WINDOW + ("xBC", "conv_state", "conv_weight", "conv_bias") + CONV_WINDOW
 
-    def bind(self, *, mode, state, x, dt, A, B, C, out, state_indices, D=None, z=None, dt_bias=None,
+    def bind(self, *, mode, state, dt, A, out, state_indices, x=None, B=None, C=None, D=None, z=None, dt_bias=None,
              dt_softplus=False, dt_limit=(0.0, math.inf), snapshot_indices=None, num_accepted=None,
-             window_count=None, window_x=None, window_B=None, window_dt=None, rejected=None) -> BoundCall:
+             window_count=None, window_x=None, window_B=None, window_dt=None, rejected=None, xBC=None,
+             conv_state=None, conv_weight=None, conv_bias=None, activation="silu", conv_window_count=None,
+             conv_window_xBC=None, tickets=None) -> BoundCall:
         """Validate a call (see the module docstring). Raises the InvalidArgumentError subclasses."""
         if mode not in MODES:
             raise InvalidArgumentError("mode", f"mode: expected one of {MODES}, got {mode!r}")
         dt_softplus = expect_bool("dt_softplus", dt_softplus)
         dt_min, dt_max = expect_dt_limit(dt_limit)
-        expect_given(state=state, x=x, dt=dt, A=A, B=B, C=C, out=out, state_indices=state_indices)
-        expect_mode_args(mode, {"snapshot": ("snapshot_indices",), "compact": ("num_accepted",) + WINDOW},
+        fused = xBC is not None
+        expect_given(state=state, dt=dt, A=A, out=out, state_indices=state_indices)
+        if fused:
+            for name, arr in (("x", x), ("B", B), ("C", C)):
+                if arr is not None:
+                    raise InvalidArgumentError(name, f"{name}: not taken with xBC (the fused conv computes x, B, C)")
+            expect_given(conv_state=conv_state, conv_weight=conv_weight, tickets=tickets)
+        else:
+            expect_given(x=x, B=B, C=C)
+            for name, arr in (("conv_state", conv_state), ("conv_weight", conv_weight), ("conv_bias", conv_bias),
+                              ("tickets", tickets)):
+                if arr is not None:
+                    raise InvalidArgumentError(name, f"{name}: given without xBC (the fused conv's input)")
+        conv_window = CONV_WINDOW[:2] if fused else ()
+        expect_mode_args(mode, {"snapshot": ("snapshot_indices",), "compact": ("num_accepted",) + WINDOW + conv_window},
                          snapshot_indices=snapshot_indices, num_accepted=num_accepted, window_count=window_count,
-                         window_x=window_x, window_B=window_B, window_dt=window_dt)
+                         window_x=window_x, window_B=window_B, window_dt=window_dt,
+                         conv_window_count=conv_window_count, conv_window_xBC=conv_window_xBC)
 
-        batch, seqlen, nheads, headdim = x_shape(x, IO_DTYPES, "T")
+        rows = xBC if fused else x   # the array whose dims 0 and 1 are (batch, T), named in messages
+        batch, seqlen, nheads, headdim = x_shape(out if fused else x, IO_DTYPES, "T")
         if seqlen < (0 if mode == "compact" else 1):
-            raise ShapeError("x", f"x: T (dim 1) must be >= 1 (0 is allowed in compact mode), got {x.shape}")
-        expect_dim("x", "batch (dim 0)", batch, maximum=GRID_YZ_MAX)
+            raise ShapeError(rows.name, f"{rows.name}: T (dim 1) must be >= 1 (0 is allowed in compact mode), got "
+                             f"{rows.shape}")
+        expect_dim(rows.name, "batch (dim 0)", batch, maximum=GRID_YZ_MAX)
         params = {"dt_softplus": int(dt_softplus), "dt_min": dt_min, "dt_max": dt_max}
-        (*_, d_state), inputs = bind_ssm_inputs(params, x=x, dt=dt, A=A, B=B, C=C, out=out, D=D, z=z,
-                                                dt_bias=dt_bias, length="T")
-        io = (x.dtype,)
-
         expect_dtype(state, POOL_DTYPES)
         expect_rank(state, 4, "(num_slots, nheads, headdim, d_state)")
+        if fused:
+            d_state = state.shape[3]
+            inputs = bind_ssm_gates(params, out.shape, out.dtype, dt=dt, A=A, out=out, D=D, z=z, dt_bias=dt_bias,
+                                    length="T")
+            inputs += _bind_fused_conv(params, xBC=xBC, conv_state=conv_state, conv_weight=conv_weight,
+                                       conv_bias=conv_bias, activation=activation, shape=out.shape, io=out.dtype,
+                                       d_state=d_state)
+        else:
+            (*_, d_state), inputs = bind_ssm_inputs(params, x=x, dt=dt, A=A, B=B, C=C, out=out, D=D, z=z,
+                                                    dt_bias=dt_bias, length="T")
+        io = (out.dtype,)
+
         num_slots = state.shape[0]
         expect_dim("state", "num_slots (dim 0)", num_slots)
         expect_shape(state, (num_slots, nheads, headdim, d_state), "(num_slots, nheads, headdim, d_state) of x and B")
@@ -123,6 +157,12 @@ class VerifyPlan(LaunchPlan):
                                       snapshot_indices=snapshot_indices, num_accepted=num_accepted, rejected=rejected)
         inputs += read
         outputs = [out, state] + written
+        if fused:
+            if conv_state.shape[0] != num_slots:
+                raise ShapeError("conv_state", f"conv_state: {conv_state.shape[0]} slots, the SSM pool has {num_slots} "
+                                 "(one slot index for both pools)")
+            bind_tickets(params, tickets, num_slots)
+            outputs += [conv_state, tickets]
 
         capacity = 0
         if mode == "compact":
@@ -144,17 +184,49 @@ class VerifyPlan(LaunchPlan):
                 record_strides(params, arr, dims)
                 params[name] = arr.ptr
                 outputs.append(arr)
+            if fused:
+                conv_capacity = bind_conv_window(params, conv_window_count, conv_window_xBC, num_slots=num_slots,
+                                                 channels=params["channels"], io_dtype=out.dtype)
+                if conv_capacity != capacity:
+                    raise ShapeError("conv_window_xBC", f"conv_window_xBC: capacity {conv_capacity} differs from "
+                                     f"window_x's {capacity}")
+                outputs += [conv_window_count, conv_window_xBC]
         params["window_capacity"] = capacity
         # arrays this call does not pass (other modes', absent options): null pointer and zero strides
-        null_absent(params, self.param_names, ("rejected", "snapshot_indices", "num_accepted") + WINDOW)
+        null_absent(params, self.param_names, ("rejected", "snapshot_indices", "num_accepted", "x", "B", "C") + WINDOW
+                    + ("xBC", "conv_state", "conv_weight", "conv_bias", "tickets") + CONV_WINDOW)
+        for name in ("channels", "width", "has_conv_bias", "silu"):
+            params.setdefault(name, 0)
         expect_complete(params, self.param_names, self.family)
 
         return BoundCall(
-            constants={"mode": mode, "headdim": headdim, "d_state": d_state, "io_dtype": x.dtype,
-                       "pool_dtype": state.dtype},
+            constants={"mode": mode, "headdim": headdim, "d_state": d_state, "io_dtype": out.dtype,
+                       "pool_dtype": state.dtype, "conv_dtype": conv_state.dtype if fused else "none"},
             grid=(nheads, batch, 1),
             params=params,
             inputs=tuple(inputs),
             outputs=tuple(outputs),
         )
 
+
+def _bind_fused_conv(params: dict, *, xBC, conv_state, conv_weight, conv_bias, activation, shape, io: str,
+                     d_state: int) -> list:
+    """The fused pre-conv's inputs: xBC (batch, T, H·P + 2·G·N) in out's dtype, whose channels are Mamba-2's
+    [x | B | C] split (G from the channel count), the conv weights and the conv pool. Records them and
+    ``heads_per_group``; returns the arrays read."""
+    batch, seqlen, nheads, headdim = shape
+    expect_dtype(xBC, (io,))
+    expect_rank(xBC, 3, "(batch, T, channels)")
+    channels = xBC.shape[2]
+    groups_width = channels - nheads * headdim
+    ngroups = groups_width // (2 * d_state) if groups_width > 0 else 0
+    if ngroups < 1 or ngroups * 2 * d_state != groups_width or nheads % ngroups:
+        raise ShapeError("xBC", f"xBC: {channels} channels is not nheads·headdim + 2·ngroups·d_state "
+                         f"({nheads}·{headdim} + 2·G·{d_state}) for an ngroups G dividing nheads")
+    expect_shape(xBC, (batch, seqlen, channels), "(batch, T, channels) of out")
+    params.update(xBC=xBC.ptr, channels=channels, heads_per_group=nheads // ngroups)
+    record_strides(params, xBC, ("batch", "seqlen", "channel"))
+    read = [xBC] + bind_conv_weights(params, conv_weight=conv_weight, conv_bias=conv_bias, activation=activation,
+                                     channels=channels)
+    bind_conv_pool(params, conv_state, channels=channels, width=params["width"], io_dtype=xBC.dtype)
+    return read
