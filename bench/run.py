@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import bench_chunk_cumsum
+import bench_conv
 import bench_ssd_fwd
 import bench_verify
 from common import baseline_in_child, copy_bandwidth, provenance
@@ -81,8 +82,8 @@ def has_baseline() -> bool:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the results here")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["ssd_fwd", "ssd_chunk_cumsum", "verify", "scaling",
-                                                                    "cold"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["ssd_fwd", "ssd_chunk_cumsum", "verify", "conv",
+                                                                    "scaling", "cold"])
     args = parser.parse_args()
     baseline = has_baseline()
     bw = copy_bandwidth()
@@ -112,6 +113,16 @@ def main():
                 results["verify"]["rows"].append(row)
                 print(f"verify batch {batch:>3} T {T}: update {row['update']['us']:8.1f} us  triton "
                       f"{(row.get('triton') or {}).get('us', float('nan')):8.1f} us", flush=True)
+
+    if "conv" not in args.skip:
+        results["conv"] = {"shape": dict(H=bench_conv.H, P=bench_conv.P, N=bench_conv.N, G=bench_conv.G,
+                                         K=bench_conv.K), "rows": []}
+        for batch in bench_conv.BATCHES:
+            for mode, T in bench_conv.CASES:
+                row = {"batch": batch, "mode": mode, "T": T, **bench_conv.measure(batch, mode, T, bw)}
+                results["conv"]["rows"].append(row)
+                print(f"fused verify batch {batch:>3} {mode} T {T}: fused {row['fused_us']:8.1f} us  pair "
+                      f"{row['pair_us']:8.1f} us", flush=True)
 
     if "scaling" not in args.skip:
         by_L, by_batch = bench_ssd_fwd.scaling_shapes()

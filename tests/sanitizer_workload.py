@@ -58,5 +58,38 @@ for packing in ({"cu_seqlens": cu_seqlens}, {"seq_idx": seq_idx}):
                        **packing, **prefill)
 runtime.launch("ssd_fwd", out=torch.empty_like(xs), final_states=torch.empty(1, H, P, N, device=dev),
                chunk_states=torch.empty(1, 3, H, P, N, device=dev), **prefill)
+# the pre-conv path: prefill into a conv pool in place (packed, a short sequence), the three conv pool modes, and
+# the fused conv + SSM verify in each mode (padding and out-of-range rows, the tickets' last-arrival writes)
+K = 4
+channels = H * P + 2 * G * N
+conv = dict(conv_weight=torch.randn(channels, K, device=dev), conv_bias=torch.randn(channels, device=dev))
+conv_pool = torch.randn(slots, channels, K - 1, device=dev).bfloat16()
+xBC_prefill = torch.randn(1, L, channels, device=dev).bfloat16()
+runtime.launch("conv1d_fwd", xBC=xBC_prefill, out=torch.empty_like(xBC_prefill), cu_seqlens=cu_seqlens,
+               initial_states=conv_pool, final_states=conv_pool, initial_state_indices=slots_used,
+               final_state_indices=slots_used, **conv)
+xBC = torch.randn(batch, T, channels, device=dev).bfloat16()
+requests = dict(state_indices=common["state_indices"], rejected=common["rejected"])
+snapshots = torch.tensor([[3, 4, -1, 99], [5, 6, 7, 8], [9, 10, 11, 12]], dtype=torch.int32, device=dev)
+tickets = torch.zeros(slots, dtype=torch.int32, device=dev)
+conv_window = dict(conv_window_count=torch.zeros(slots, dtype=torch.int32, device=dev),
+                   conv_window_xBC=torch.zeros(slots, cap, channels, device=dev).bfloat16())
+for mode, extra in (("update", {}), ("snapshot", {"snapshot_indices": snapshots}),
+                    ("compact", {"num_accepted": torch.full((batch,), 2, dtype=torch.int32, device=dev),
+                                 "tickets": tickets, **conv_window})):
+    runtime.launch("conv1d_verify", mode=mode, conv_state=conv_pool, xBC=xBC, out=torch.empty_like(xBC), **conv,
+                   **requests, **extra)
+ssm = {k: common[k] for k in ("dt", "A", "D", "z", "dt_bias", "dt_softplus")}
+pool = torch.randn(slots, H, P, N, device=dev)
+window = dict(window_count=torch.zeros(slots, H, dtype=torch.int32, device=dev),
+              window_x=torch.zeros(slots, cap, H, P, device=dev).bfloat16(),
+              window_B=torch.zeros(slots, cap, H, N, device=dev).bfloat16(),
+              window_dt=torch.zeros(slots, cap, H, device=dev).bfloat16())
+for mode, extra in (("update", {}), ("snapshot", {"snapshot_indices": snapshots}),
+                    ("compact", {"num_accepted": torch.full((batch,), 2, dtype=torch.int32, device=dev),
+                                 **window, **conv_window})):
+    runtime.launch("verify", mode=mode, state=pool, out=torch.empty_like(x), conv_state=conv_pool, xBC=xBC,
+                   tickets=tickets, **conv, **ssm, **requests, **extra)
 torch.cuda.synchronize()
+assert int(tickets.abs().sum()) == 0
 print("sanitizer workload done")
