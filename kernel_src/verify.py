@@ -24,8 +24,8 @@ Fused pre-conv (``conv_dtype`` not "none"): x, B and C are not inputs but the ca
 window record are written as ``conv1d_verify`` writes them, so a fused call equals the pair conv1d_verify →
 verify bitwise (outputs, both pools, both window records). Each CTA writes the conv state of its head's x
 channels; the B and C channels, which every head of a group reads, and the conv window count are written by
-the request's last CTA to finish (a per-slot ticket), after every head has read them. In compact mode the SSM
-window count clamps num_accepted for both pools.
+the request's last CTA to finish (a per-slot ticket), after every head has read them. In compact mode each pool
+clamps num_accepted by its own window count, as the pair would.
 
 Rows are padding (outputs zero, nothing read or written) when the slot index is negative or past the pool;
 an out-of-range slot, snapshot index or num_accepted (clamped to [0, pending]) is counted in the optional
@@ -207,13 +207,18 @@ class Verify:
             else:
                 self._count(a, h, tid)
         folds = Int32(0)
+        conv_folds = Int32(0)   # the conv's own clamp (by its window count), as conv1d_verify's in the pair
         if cutlass.const_expr(compact):
             if valid != 0:
                 pending = cute.math.min(cute.math.max(w_count[slot, h], Int32(0)), cap)
-                folds = view(a.num_accepted, (a.batch,), a.stride_num_accepted_batch)[b]
-                if folds < 0 or folds > pending:
+                accepted = view(a.num_accepted, (a.batch,), a.stride_num_accepted_batch)[b]
+                if accepted < 0 or accepted > pending:
                     self._count(a, h, tid)
-                folds = cute.math.min(cute.math.max(folds, Int32(0)), pending)
+                folds = cute.math.min(cute.math.max(accepted, Int32(0)), pending)
+                if cutlass.const_expr(self.fused):
+                    conv_pending = view(a.conv_window_count, (a.num_slots,), a.stride_conv_window_count_slot)[slot]
+                    conv_pending = cute.math.min(cute.math.max(conv_pending, Int32(0)), cap)
+                    conv_folds = cute.math.min(cute.math.max(accepted, Int32(0)), conv_pending)
 
         st = cute.make_rmem_tensor((R, V), Float32)
         # One token's inputs. (Prefetching the next token's into a second set measured slower: the extra
@@ -244,7 +249,7 @@ class Verify:
             # shuffles stay in uniform control flow; only the writes depend on the row being valid.
             for t in range(T):
                 if cutlass.const_expr(self.fused):
-                    self._stage_conv_token(a, cv, sConv, b, slot, valid, folds, t, h, g, tid, io_type)
+                    self._stage_conv_token(a, cv, sConv, b, slot, valid, conv_folds, t, h, g, tid, io_type)
                     self._load_token(sConv, dt, sConv, sConv, b, t, h, g, row0, lane, cur_x, cur_B, cur_C, cur_dt)
                 else:
                     self._load_token(x, dt, Bm, Cm, b, t, h, g, row0, lane, cur_x, cur_B, cur_C, cur_dt)
@@ -299,7 +304,7 @@ class Verify:
                     w_count[slot, h] = T
         if cutlass.const_expr(self.fused):
             if valid != 0:
-                self._conv_bookkeeping(a, cv, flag, b, slot, folds, h, tid)
+                self._conv_bookkeeping(a, cv, flag, b, slot, conv_folds, h, tid)
 
     def _token_buffers(self, io_type):
         """Registers for one token's inputs: x (R), B (V), C (V), dt (1), in the I/O dtype."""

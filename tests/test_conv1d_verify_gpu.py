@@ -45,6 +45,21 @@ def _assert_untouched(before, after, touched, what="slots"):
     assert _same_bits(after[keep], before[keep]), f"{what} not named by the call must keep their bytes"
 
 
+def strided_parents(case):
+    """Larger buffers to cut the case's arrays from as strided views: xBC as the middle columns of a fused
+    projection (``[..., ch:2ch]``), the pool as every other slot without its first tap (``[::2, :, 1:]``), out as
+    the first columns of a wider buffer (``[..., :ch]``), and the weight transposed (its ``.t()`` is a
+    (channels, K) view with strides (1, channels)). Returns (fused, pool_big, out_big, weight_t)."""
+    batch, rows, channels = case.xBC.shape
+    num_slots, _, taps = case.pool.shape
+    fused = torch.randn(batch, rows, 2 * channels + 24, device="cuda").to(torch.bfloat16)
+    fused[..., channels:2 * channels] = case.xBC
+    pool_big = torch.randn(2 * num_slots, channels, taps + 1, device="cuda").to(case.pool.dtype)
+    pool_big[::2, :, 1:] = case.pool
+    out_big = torch.randn(batch, rows, channels + 8, device="cuda").to(torch.bfloat16)
+    return fused, pool_big, out_big, case.weight.t().contiguous()
+
+
 class ConvCase:
     """One conv1d_verify problem: a layer's conv weights (fixed by (channels, K), so every call of a scripted
     sequence runs the same layer), bf16 rows of xBC and a pool of random windows (both from ``seed``)."""
@@ -328,12 +343,7 @@ def test_strided_views_equal_contiguous_bitwise(mode):
     pool_ref, out_ref = case.pool.clone(), case.out()
     _launch(mode, case, pool_ref, out_ref, idx, **ref_extras)
 
-    fused = torch.randn(batch, T, 2 * channels + 24, device="cuda").to(torch.bfloat16)
-    fused[..., channels:2 * channels] = case.xBC
-    pool_big = torch.randn(2 * num_slots, channels, K, device="cuda").to(case.pool.dtype)
-    pool_big[::2, :, 1:] = case.pool
-    out_big = torch.randn(batch, T, channels + 8, device="cuda").to(torch.bfloat16)
-    weight_t = case.weight.t().contiguous()   # (K, channels): its .t() is a (channels, K) view, strides (1, channels)
+    fused, pool_big, out_big, weight_t = strided_parents(case)
     guard = (fused.clone(), pool_big.clone(), out_big.clone())
     pool_view, out_view = pool_big[::2, :, 1:], out_big[..., :channels]
     _runtime().launch("conv1d_verify", mode=mode, conv_state=pool_view, out=out_view, state_indices=idx,

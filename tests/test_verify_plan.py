@@ -116,3 +116,5 @@ def test_plans_name_the_kernels_parameters_in_order():
     assert set(kernels) == set(PLANS)
     for family, kernel in kernels.items():
         assert tuple(p.name for p in kernel.params()) == PLANS[family].param_names, family
+        # every pointer the kernel takes is an array argument the dispatcher adapts before the plan sees it
+        assert {p.name for p in kernel.params() if p.kind == "ptr"} == set(PLANS[family].arrays), family

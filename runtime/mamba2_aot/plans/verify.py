@@ -8,6 +8,11 @@ Call::
            num_accepted=None, window_count=None, window_x=None, window_B=None, window_dt=None,  # compact
            rejected=None, stream=None)
 
+    # fused pre-conv: xBC and the conv arrays instead of x, B, C
+    launch("verify", mode=..., state=S, xBC=xBC, conv_state=conv_pool, conv_weight=w, conv_bias=None,
+           activation="silu", tickets=tickets, dt=dt, A=A, out=out, state_indices=idx, ...,
+           conv_window_count=None, conv_window_xBC=None)                 # compact: the conv window record
+
 ==================  ==============================  ==================  ===========================================
 argument            shape                           dtype               notes
 ==================  ==============================  ==================  ===========================================
@@ -31,7 +36,24 @@ window_x            (num_slots, capacity, H, P)     io dtype              raw x 
 window_B            (num_slots, capacity, H, N)     io dtype              raw B of the pending rows (per head)
 window_dt           (num_slots, capacity, H)        io dtype              raw dt of the pending rows
 rejected            (1,) or None                    int32               incremented once per rejected index
+------------------  ------------------------------  ------------------  -------------------------------------------
+xBC                 (batch, T, H·P + 2·G·N)         bf16 / fp16         fused: the conv's raw input rows, channels
+                                                                        [x | B | C] (G from the count, N from
+                                                                        ``state``); any strides
+conv_state          (num_slots, channels, K-1)      xBC's dtype / fp32  fused: the conv pool (same slots as state)
+conv_weight         (channels, K)                   fp32                K in 2..4 (conv1d_verify's convention)
+conv_bias           (channels,) or None             fp32
+activation          "silu" or None                                      the conv's activation
+tickets             (num_slots,)                    int32               fused: arrival counters, zero when created;
+                                                                        every call leaves them zero
+conv_window_count   (num_slots,)                    int32               fused compact: the conv window record
+conv_window_xBC     (num_slots, capacity, ch.)      xBC's dtype           (capacity that of window_x)
 ==================  ==============================  ==================  ===========================================
+
+Fused calls compute x, B and C as conv1d_verify would (kernel_src/verify.py, "Fused pre-conv") and are bitwise
+the pair conv1d_verify → verify on column views of its output: outputs, both pools, both window records. The
+conv's num_accepted clamp uses ``conv_window_count`` and the SSM's ``window_count``, as the pair's would (a
+clamped value is counted once).
 
 Padding and out-of-range rules: a negative slot is a padding row (outputs zero, nothing of the pool or the
 window read or written). A slot >= num_slots is treated the same way and counted in ``rejected``. A
@@ -52,12 +74,13 @@ from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_complete, 
                           expect_dtype, expect_given, expect_mode_args, expect_rank, expect_shape, null_absent,
                           record_strides, stride_names)
 from .base import LaunchPlan
-from .conv_inputs import CONV_STRIDES, bind_conv_pool, bind_conv_weights, bind_conv_window, bind_tickets
+from .conv_inputs import ACTIVATIONS, CONV_STRIDES, bind_conv_pool, bind_conv_weights, bind_conv_window, bind_tickets
 from .pool_requests import bind_requests
 from .ssm_inputs import SSM_STRIDES, bind_ssm_gates, bind_ssm_inputs, x_shape
 
 MODES = ("update", "snapshot", "compact")
 IO_DTYPES = ("bf16", "fp16", "fp32")
+FUSED_IO_DTYPES = ("bf16", "fp16")   # the fused conv's pool: the 16-bit I/O dtype or fp32 (kernel's combination rule)
 POOL_DTYPES = ("fp32", "bf16", "fp16")
 WINDOW = ("window_count", "window_x", "window_B", "window_dt")
 CONV_WINDOW = ("conv_window_count", "conv_window_xBC")
@@ -85,7 +108,7 @@ class VerifyPlan(LaunchPlan):
         + ("has_conv_bias", "silu")
     )
     arrays = ("state", "x", "dt", "A", "B", "C", "out", "state_indices", "D", "z", "dt_bias", "snapshot_indices",
-              "num_accepted", "rejected") + WINDOW + ("xBC", "conv_state", "conv_weight", "conv_bias") + CONV_WINDOW
+              "num_accepted", "rejected") + WINDOW + ("xBC", "conv_state", "conv_weight", "conv_bias", "tickets") + CONV_WINDOW
 
     def bind(self, *, mode, state, dt, A, out, state_indices, x=None, B=None, C=None, D=None, z=None, dt_bias=None,
              dt_softplus=False, dt_limit=(0.0, math.inf), snapshot_indices=None, num_accepted=None,
@@ -117,10 +140,12 @@ class VerifyPlan(LaunchPlan):
                          conv_window_count=conv_window_count, conv_window_xBC=conv_window_xBC)
 
         rows = xBC if fused else x   # the array whose dims 0 and 1 are (batch, T), named in messages
-        batch, seqlen, nheads, headdim = x_shape(out if fused else x, IO_DTYPES, "T")
+        batch, seqlen, nheads, headdim = x_shape(out if fused else x, FUSED_IO_DTYPES if fused else IO_DTYPES, "T")
         if seqlen < (0 if mode == "compact" else 1):
             raise ShapeError(rows.name, f"{rows.name}: T (dim 1) must be >= 1 (0 is allowed in compact mode), got "
                              f"{rows.shape}")
+        if activation not in ACTIVATIONS:
+            raise InvalidArgumentError("activation", f"activation: expected 'silu' or None, got {activation!r}")
         expect_dim(rows.name, "batch (dim 0)", batch, maximum=GRID_YZ_MAX)
         params = {"dt_softplus": int(dt_softplus), "dt_min": dt_min, "dt_max": dt_max}
         expect_dtype(state, POOL_DTYPES)
@@ -177,7 +202,8 @@ class VerifyPlan(LaunchPlan):
                 expect_dtype(window[name], io)
                 expect_shape(window[name], shape, "(num_slots, capacity, nheads[, headdim | d_state])")
             if seqlen > capacity:
-                raise ShapeError("x", f"x: T = {seqlen} new rows exceed the window capacity {capacity}")
+                raise ShapeError(rows.name, f"{rows.name}: T = {seqlen} new rows exceed the window capacity "
+                                 f"{capacity}")
             for name, dims in (("window_count", ("slot", "head")), ("window_x", ("slot", "row", "head")),
                                ("window_B", ("slot", "row", "head")), ("window_dt", ("slot", "row", "head"))):
                 arr = window[name]
