@@ -46,7 +46,8 @@ def _pools(batch, T):
         "window_dt": torch.full((slots, CAPACITY, H), -3.0, device="cuda").bfloat16(),
         "conv_window_count": torch.full((slots,), T, dtype=torch.int32, device="cuda"),
         "conv_window_xBC": torch.randn(slots, CAPACITY, CHANNELS, device="cuda").bfloat16(),
-        "tickets": torch.zeros(slots, dtype=torch.int32, device="cuda"),
+        "tickets": torch.zeros(slots, dtype=torch.int32, device="cuda"),              # conv1d_verify's
+        "fused_tickets": torch.zeros(slots, G + 1, dtype=torch.int32, device="cuda"),  # the fused verify's
     }
 
 
@@ -95,7 +96,8 @@ def measure(batch, mode, T, bw):
         restore(i)
         runtime.launch("verify", mode=mode, state=pools[i]["state"], out=out, state_indices=idx, dt_softplus=True,
                        **conv_args, **ssm_args,
-                       **pool_args(i, ("conv_state", "tickets") + ssm_window + conv_window[:2]), **extra)
+                       tickets=pools[i]["fused_tickets"],
+                       **pool_args(i, ("conv_state",) + ssm_window + conv_window[:2]), **extra)
 
     base = graph_time_us(restore, rotate) if compact else 0.0
     result = {"fused_us": graph_time_us(fused, rotate) - base, "pair_us": graph_time_us(pair, rotate) - base,

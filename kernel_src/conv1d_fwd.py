@@ -20,8 +20,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from kernel_src.abi import bind, cutlass_dtype, i32, ptr, strides
-from kernel_src.conv_window import (ConvViews, conv_output, empty_window, load_window, pool_combination_error, push,
-                                    store_window)
+from kernel_src.conv_window import (ConvViews, conv_output, empty_window, load_weights, load_window,
+                                    pool_combination_error, push, store_window)
 
 CHANNELS_PER_CTA = 128
 TOKENS_PER_CTA = 64
@@ -127,6 +127,7 @@ class Conv1dForward:
                     if seq_idx[row, q] != seq_idx[row, q + 1]:
                         start = q + 1
         bias = cv.bias_of(c)
+        weights = load_weights(cv.weight[c, None], K)
         w0, w1, w2 = empty_window()
         for t in cutlass.range(t0, walk_end, unroll=1):
             if packed:
@@ -150,7 +151,7 @@ class Conv1dForward:
                 mine = owns_start
             u = cv.xBC[row, t, c].to(Float32)
             if inside and mine:
-                out[row, t, c] = conv_output((w0, w1, w2), u, cv.weight[c, None], bias, K, cv.apply_silu).to(io_type)
+                out[row, t, c] = conv_output((w0, w1, w2), u, weights, bias, K, cv.apply_silu).to(io_type)
             w0, w1, w2 = push((w0, w1, w2), u)
 
         if a.has_final_states != 0:

@@ -21,6 +21,7 @@ from kernel_src.ssm_math import silu
 
 MAX_WIDTH = 4
 SLOTS = MAX_WIDTH - 1   # register window entries
+ROWS_IN_FLIGHT = 4      # stage_rows: rows whose input loads are issued together (more costs registers)
 
 
 def pool_combination_error(io_dtype: str, pool_dtype: str, **_) -> str | None:
@@ -65,17 +66,29 @@ def push(win, u):
 
 
 @cute.jit
-def conv_output(win, u: Float32, weight, bias: Float32, width: Int32, apply_silu: Int32) -> Float32:
-    """act(bias + Σ_k weight[k]·tap_k) over the window and the current input ``u``; ``weight`` is a (K,) view of
-    the channel's taps. Fmas in tap order (oldest first), starting from the bias."""
-    y = bias
+def load_weights(taps, width: Int32):
+    """A channel's K weights (a (K,) view) as MAX_WIDTH values, right-aligned like the window."""
+    weights = []
     for j in cutlass.range_constexpr(MAX_WIDTH):
         k = j - (MAX_WIDTH - width)
+        value = Float32(0.0)
         if k >= 0:
+            value = taps[k].to(Float32)
+        weights.append(value)
+    return tuple(weights)
+
+
+@cute.jit
+def conv_output(win, u: Float32, weights, bias: Float32, width: Int32, apply_silu: Int32) -> Float32:
+    """act(bias + Σ_k weight[k]·tap_k) over the window and the current input ``u`` (``weights`` from
+    :func:`load_weights`). Fmas in tap order (oldest first), starting from the bias."""
+    y = bias
+    for j in cutlass.range_constexpr(MAX_WIDTH):
+        if j >= MAX_WIDTH - width:
             tap = u
             if cutlass.const_expr(j < SLOTS):
                 tap = win[j]
-            y = cute.math.fma(weight[k].to(Float32), tap, y)
+            y = cute.math.fma(weights[j], tap, y)
     if apply_silu != 0:
         y = silu(y)
     return y
@@ -118,11 +131,11 @@ def walk_channel(cv: ConvViews, mode: cutlass.Constexpr, b: Int32, slot: Int32, 
         if folds > 0:
             store_window((w0, w1, w2), cv.pool[slot, c, None], K, pool_type)
     bias = cv.bias_of(c)
+    weights = load_weights(cv.weight[c, None], K)
     for t in cutlass.range(T, unroll=1):
         u = cv.xBC[b, t, c]
         if cutlass.const_expr(out is not None):
-            out[b, t, c] = conv_output((w0, w1, w2), u.to(Float32), cv.weight[c, None], bias, K,
-                                       cv.apply_silu).to(io_type)
+            out[b, t, c] = conv_output((w0, w1, w2), u.to(Float32), weights, bias, K, cv.apply_silu).to(io_type)
         w0, w1, w2 = push((w0, w1, w2), u.to(Float32))
         if cutlass.const_expr(mode == "snapshot"):
             target = cv.snapshots[b, t]
@@ -136,20 +149,31 @@ def walk_channel(cv: ConvViews, mode: cutlass.Constexpr, b: Int32, slot: Int32, 
 
 
 @cute.jit
-def conv_at(cv: ConvViews, b: Int32, slot: Int32, valid: Int32, folds: Int32, c: Int32, t: Int32) -> Float32:
-    """The conv output of channel c for new row t, from global memory (the pool, then the ``folds`` pending
-    rows of the window record, then the new rows): what :func:`walk_channel` computes for that row, without
-    holding a window. Valid while nothing of the request's conv state has been written yet."""
+def stage_rows(cv: ConvViews, staged, column: Int32, b: Int32, slot: Int32, valid: Int32, folds: Int32, c: Int32,
+               T: Int32, io_type: cutlass.Constexpr):
+    """The conv outputs of channel c for the T new rows (T at most staged's first extent) into
+    ``staged[t, column]``, read from global memory: the pool, then the ``folds`` pending rows of the window
+    record, then the new rows. Bitwise what :func:`walk_channel` computes for those rows; valid while nothing
+    of the request's conv state has been written yet. The loads do not depend on each other: ROWS_IN_FLIGHT
+    rows' are issued together."""
     K = cv.width
+    weights = load_weights(cv.weight[c, None], K)
+    bias = cv.bias_of(c)
     win = []
     for j in cutlass.range_constexpr(SLOTS):
         value = Float32(0.0)
         k = j - (SLOTS - (K - 1))
         if k >= 0:
-            value = _tap(cv, b, slot, valid, folds, c, folds + t + k)
+            value = _tap(cv, b, slot, valid, folds, c, folds + k)
         win.append(value)
-    u = _tap(cv, b, slot, valid, folds, c, folds + t + K - 1)
-    return conv_output(win, u, cv.weight[c, None], cv.bias_of(c), K, cv.apply_silu)
+    w0, w1, w2 = win
+    for t0 in cutlass.range(0, T, ROWS_IN_FLIGHT, unroll=1):
+        for j in cutlass.range_constexpr(ROWS_IN_FLIGHT):
+            t = t0 + j
+            if t < T:
+                u = _tap(cv, b, slot, valid, folds, c, folds + t + K - 1)
+                staged[t, column] = conv_output((w0, w1, w2), u, weights, bias, K, cv.apply_silu).to(io_type)
+                w0, w1, w2 = push((w0, w1, w2), u)
 
 
 @cute.jit

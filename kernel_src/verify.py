@@ -22,10 +22,11 @@ Fused pre-conv (``conv_dtype`` not "none"): x, B and C are not inputs but the ca
 (channels [x (H·P) | B (G·N) | C (G·N)], Mamba-2's split) over the slot's conv window, computed exactly as
 ``conv1d_verify`` computes them and rounded to the I/O dtype as its output would be; the conv pool and the conv
 window record are written as ``conv1d_verify`` writes them, so a fused call equals the pair conv1d_verify →
-verify bitwise (outputs, both pools, both window records). Each CTA writes the conv state of its head's x
-channels; the B and C channels, which every head of a group reads, and the conv window count are written by
-the request's last CTA to finish (a per-slot ticket), after every head has read them. In compact mode each pool
-clamps num_accepted by its own window count, as the pair would.
+verify bitwise (outputs, both pools, both window records). The conv outputs of the call's rows (at most
+STAGED_ROWS) are computed once per CTA into shared memory. Each CTA writes the conv state of its head's x channels; a group's B
+and C channels, which every head of the group reads, are written by the group's last head to finish and the
+conv window count by the last group (tickets (num_slots, G + 1)), after every reader is done. In compact mode
+each pool clamps num_accepted by its own window count, as the pair would.
 
 Rows are padding (outputs zero, nothing read or written) when the slot index is negative or past the pool;
 an out-of-range slot, snapshot index or num_accepted (clamped to [0, pending]) is counted in the optional
@@ -39,7 +40,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
-from kernel_src.conv_window import ConvViews, conv_at, last_arrival, walk_channel
+from kernel_src.conv_window import ConvViews, last_arrival, stage_rows, walk_channel
 from kernel_src.ssm_math import delta_from_dt, silu
 
 WARP = 32
@@ -48,6 +49,9 @@ WARP = 32
 # decode batch 64 in 142 µs; 16 × 16 warps took 221 µs and 32 × 8 warps 165 µs (fewer CTAs per SM).
 STATE_REGS_PER_LANE = 16
 MAX_WARPS = 8
+# Fused pre-conv: the conv outputs of all of a call's rows are computed at once into shared memory, so a fused
+# call takes at most this many rows (the runtime refuses more; a longer prefill is conv1d_fwd + ssd_fwd).
+STAGED_ROWS = 16
 
 
 class Verify:
@@ -100,7 +104,8 @@ class Verify:
         self.cluster = (1, 1, 1)
         # fused: one token's conv outputs (x rows, then B and C columns) and the ticket's flag
         self.conv_row = headdim + 2 * d_state
-        self.dynamic_smem = self.conv_row * {"fp32": 4, "bf16": 2, "fp16": 2}[io_dtype] + 16 if self.fused else 0
+        staged_bytes = STAGED_ROWS * self.conv_row * {"fp32": 4, "bf16": 2, "fp16": 2}[io_dtype]
+        self.dynamic_smem = staged_bytes + 16 if self.fused else 0
 
     def params(self):
         io, pool = self.io_dtype, self.pool_dtype
@@ -127,7 +132,7 @@ class Verify:
             *strides("conv_state", "slot", "channel", "tap"), *strides("xBC", "batch", "seqlen", "channel"),
             *strides("conv_weight", "channel", "tap"), *strides("conv_bias", "channel"),
             *strides("conv_window_count", "slot"), *strides("conv_window_xBC", "slot", "row", "channel"),
-            *strides("tickets", "slot"), i32("has_conv_bias"), i32("silu"),
+            *strides("tickets", "slot", "group"), i32("has_conv_bias"), i32("silu"),
         ]
 
     @cute.jit
@@ -196,7 +201,8 @@ class Verify:
                 rows=view(a.conv_window_xBC, (a.num_slots, cap, a.channels), a.stride_conv_window_xBC_slot,
                           a.stride_conv_window_xBC_row, a.stride_conv_window_xBC_channel) if compact else None)
             smem = cutlass.utils.SmemAllocator()
-            sConv = smem.allocate_tensor(io_type, cute.make_layout((self.conv_row,)), 16)
+            sConv = smem.allocate_tensor(io_type, cute.make_layout((STAGED_ROWS, self.conv_row),
+                                                                    stride=(self.conv_row, 1)), 16)
             flag = smem.allocate_tensor(Int32, cute.make_layout((1,)), 16)
 
         slot = view(a.state_indices, (a.batch,), a.stride_state_indices_batch)[b]
@@ -235,6 +241,9 @@ class Verify:
                     st[r, j] = Float32(0.0)
             if valid != 0:
                 self._load_state(state, slot, h, row0, lane, st, pool_type)
+            if cutlass.const_expr(self.fused and row_pass == 0):
+                # every row's conv outputs, while the first state loads are in flight; every pass reads them
+                self._stage_conv(a, cv, sConv, b, slot, valid, conv_folds, h, g, tid, io_type)
 
             if cutlass.const_expr(compact):
                 for i in range(folds):
@@ -249,8 +258,8 @@ class Verify:
             # shuffles stay in uniform control flow; only the writes depend on the row being valid.
             for t in range(T):
                 if cutlass.const_expr(self.fused):
-                    self._stage_conv_token(a, cv, sConv, b, slot, valid, conv_folds, t, h, g, tid, io_type)
-                    self._load_token(sConv, dt, sConv, sConv, b, t, h, g, row0, lane, cur_x, cur_B, cur_C, cur_dt)
+                    staged = sConv[t, None]
+                    self._load_token(staged, dt, staged, staged, b, t, h, g, row0, lane, cur_x, cur_B, cur_C, cur_dt)
                 else:
                     self._load_token(x, dt, Bm, Cm, b, t, h, g, row0, lane, cur_x, cur_B, cur_C, cur_dt)
                 self._advance(a, st, cur_dt[0], dt_bias, h, A_h, cur_x, cur_B, pool_type)
@@ -264,7 +273,7 @@ class Verify:
                 if a.has_D != 0:  # D and x re-read here: L1 hits, where holding them would cost registers
                     x_row = Float32(0.0)
                     if cutlass.const_expr(self.fused):
-                        x_row = sConv[row].to(Float32)
+                        x_row = sConv[t, row].to(Float32)
                     else:
                         x_row = x[b, t, h, row].to(Float32)
                     y = cute.math.fma(D[h, row], x_row, y)
@@ -304,7 +313,7 @@ class Verify:
                     w_count[slot, h] = T
         if cutlass.const_expr(self.fused):
             if valid != 0:
-                self._conv_bookkeeping(a, cv, flag, b, slot, conv_folds, h, tid)
+                self._conv_bookkeeping(a, cv, flag, b, slot, conv_folds, h, g, tid)
 
     def _token_buffers(self, io_type):
         """Registers for one token's inputs: x (R), B (V), C (V), dt (1), in the I/O dtype."""
@@ -330,40 +339,49 @@ class Verify:
         dt_buf[0] = dt[b, t, h]
 
     @cute.jit
-    def _stage_conv_token(self, a, cv, sConv, b, slot, valid, folds, t, h, g, tid, io_type):
-        """The fused pre-conv of token t, as conv1d_verify outputs it: this head's x rows, then its group's B and C
-        columns, computed once per CTA into shared memory (every warp then reads its own)."""
+    def _stage_conv(self, a, cv, sConv, b, slot, valid, folds, h, g, tid, io_type):
+        """The fused pre-conv of the call's rows, as conv1d_verify outputs them: this head's x rows, then its
+        group's B and C columns, computed once per CTA into shared memory (one thread per channel; every warp
+        then reads its own rows and columns)."""
         P, N = self.headdim, self.d_state
         threads = self.num_warps * WARP
         x_channels = a.nheads * P
         B_first = x_channels + g * N
         C_first = x_channels + (a.nheads // a.heads_per_group) * N + g * N
-        cute.arch.sync_threads()   # every warp has read the previous token's row
+        cute.arch.sync_threads()   # every warp has read the previous rows
         for i in cutlass.range(tid, self.conv_row, threads, unroll=1):
             c = h * P + i
             if i >= P + N:
                 c = C_first + i - (P + N)
             elif i >= P:
                 c = B_first + i - P
-            sConv[i] = conv_at(cv, b, slot, valid, folds, c, t).to(io_type)
+            stage_rows(cv, sConv, i, b, slot, valid, folds, c, a.seqlen, io_type)
         cute.arch.sync_threads()
 
     @cute.jit
-    def _conv_bookkeeping(self, a, cv, flag, b, slot, folds, h, tid):
+    def _conv_bookkeeping(self, a, cv, flag, b, slot, folds, h, g, tid):
         """Write the fused conv's pool and window record as conv1d_verify would: this head's x channels now
-        (only this CTA reads them), the shared B and C channels and the window count by the request's last CTA."""
+        (only this CTA reads them); a group's B and C channels by the last of its heads to arrive (ticket
+        [slot, g]); in compact mode the window count, which every head reads, by the last group to finish
+        (ticket [slot, G])."""
         conv_type, io_type = cutlass_dtype(self.conv_dtype), cutlass_dtype(self.io_dtype)
-        P, threads = self.headdim, self.num_warps * WARP
+        P, N, threads = self.headdim, self.d_state, self.num_warps * WARP
+        G = a.nheads // a.heads_per_group
         cute.arch.sync_threads()   # every warp has read this head's conv inputs
         for c in cutlass.range(h * P + tid, h * P + P, threads, unroll=1):
             walk_channel(cv, self.mode, b, slot, c, folds, a.seqlen, conv_type, io_type)
-        if last_arrival(a.tickets + slot * a.stride_tickets_slot, a.nheads, flag, tid) != 0:
-            for c in cutlass.range(a.nheads * P + tid, a.channels, threads, unroll=1):
+        tickets = a.tickets + slot * a.stride_tickets_slot
+        if last_arrival(tickets + g * a.stride_tickets_group, a.heads_per_group, flag, tid) != 0:
+            for i in cutlass.range(tid, 2 * N, threads, unroll=1):
+                c = a.nheads * P + g * N + i   # B columns of group g, then its C columns
+                if i >= N:
+                    c = a.nheads * P + G * N + g * N + i - N
                 walk_channel(cv, self.mode, b, slot, c, folds, a.seqlen, conv_type, io_type)
             if cutlass.const_expr(self.mode == "compact"):
-                if tid == 0:
-                    cute.make_tensor(a.conv_window_count, cute.make_layout(
-                        (a.num_slots,), stride=(a.stride_conv_window_count_slot,)))[slot] = a.seqlen
+                if last_arrival(tickets + G * a.stride_tickets_group, G, flag, tid) != 0:
+                    if tid == 0:
+                        cute.make_tensor(a.conv_window_count, cute.make_layout(
+                            (a.num_slots,), stride=(a.stride_conv_window_count_slot,)))[slot] = a.seqlen
 
     @cute.jit
     def _reduce_rows(self, sums, lane):

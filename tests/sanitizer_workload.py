@@ -72,6 +72,7 @@ xBC = torch.randn(batch, T, channels, device=dev).bfloat16()
 requests = dict(state_indices=common["state_indices"], rejected=common["rejected"])
 snapshots = torch.tensor([[3, 4, -1, 99], [5, 6, 7, 8], [9, 10, 11, 12]], dtype=torch.int32, device=dev)
 tickets = torch.zeros(slots, dtype=torch.int32, device=dev)
+fused_tickets = torch.zeros(slots, G + 1, dtype=torch.int32, device=dev)
 conv_window = dict(conv_window_count=torch.zeros(slots, dtype=torch.int32, device=dev),
                    conv_window_xBC=torch.zeros(slots, cap, channels, device=dev).bfloat16())
 for mode, extra in (("update", {}), ("snapshot", {"snapshot_indices": snapshots}),
@@ -89,7 +90,7 @@ for mode, extra in (("update", {}), ("snapshot", {"snapshot_indices": snapshots}
                     ("compact", {"num_accepted": torch.full((batch,), 2, dtype=torch.int32, device=dev),
                                  **window, **conv_window})):
     runtime.launch("verify", mode=mode, state=pool, out=torch.empty_like(x), conv_state=conv_pool, xBC=xBC,
-                   tickets=tickets, **conv, **ssm, **requests, **extra)
+                   tickets=fused_tickets, **conv, **ssm, **requests, **extra)
 torch.cuda.synchronize()
-assert int(tickets.abs().sum()) == 0
+assert int(tickets.abs().sum()) == 0 and int(fused_tickets.abs().sum()) == 0
 print("sanitizer workload done")

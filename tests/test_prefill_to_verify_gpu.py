@@ -68,7 +68,7 @@ def test_packed_prefill_then_fused_decode_equals_one_long_run():
     # decode: T more tokens of every sequence, one request per sequence, fused conv + SSM
     decode = {k: torch.stack([s[k][n:] for s, n in zip(seqs, lengths)]).cuda() for k in ("xBC", "dt", "z")}
     out = torch.full((len(lengths), T, H, P), float("nan"), dtype=torch.bfloat16, device="cuda")
-    tickets = torch.zeros(8, dtype=torch.int32, device="cuda")
+    tickets = torch.zeros(8, G + 1, dtype=torch.int32, device="cuda")
     rt.launch("verify", mode="update", state=ssm_pool, state_indices=slot_index, out=out, dt_softplus=True,
               conv_state=conv_pool, tickets=tickets, xBC=decode["xBC"], dt=decode["dt"], z=decode["z"],
               **{k: cuda[k] for k in ("A", "D", "dt_bias", "conv_weight", "conv_bias")})

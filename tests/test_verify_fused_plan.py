@@ -12,6 +12,8 @@ from mamba2_aot.validation import check_call
 from runtime_fakes import FakeDLPack, expect_refused, fake_array, no_driver  # noqa: F401  (fixture)
 from test_verify_plan import BATCH, CAP, G, H, MB, N, P, SLOTS, T, verify_args
 
+TICKETS = (SLOTS, G + 1)   # the fused call's arrival counters: one per (slot, group), then one per slot
+
 K = 4
 CH = H * P + 2 * G * N          # Mamba-2's [x | B | C] channels: 8·64 + 2·2·128 = 1024
 STATE_AT = 0x30000000           # the SSM pool (4 MiB), clear of verify_args' arrays (1 MiB apart from 0x10000000)
@@ -47,7 +49,7 @@ def fused_args(mode="update", *, io="fp16", pool="fp32", conv_pool=None, **over)
     arr = lambda shape, dtype: _fake(next(base), shape, dtype)  # noqa: E731
     args.update(xBC=arr((BATCH, T, CH), io), conv_state=arr((SLOTS, CH, K - 1), conv_pool or io),
                 conv_weight=arr((CH, K), "fp32"), conv_bias=arr((CH,), "fp32"), activation="silu",
-                tickets=arr((SLOTS,), "int32"))
+                tickets=arr(TICKETS, "int32"))
     if mode == "compact":
         args.update(conv_window_count=arr((SLOTS,), "int32"), conv_window_xBC=arr((SLOTS, CAP, CH), io))
     args.update(over)
@@ -104,7 +106,7 @@ def test_good_fused_call_binds_every_parameter(mode, io, pool, conv_pool):
     assert (p["stride_conv_state_slot"], p["stride_conv_state_channel"], p["stride_conv_state_tap"]) == \
         (CH * (K - 1), K - 1, 1)
     assert (p["stride_conv_weight_channel"], p["stride_conv_weight_tap"], p["stride_conv_bias_channel"]) == (K, 1, 1)
-    assert p["stride_tickets_slot"] == 1
+    assert (p["stride_tickets_slot"], p["stride_tickets_group"]) == (G + 1, 1)
     # x, B and C are not passed: null pointers with zero strides (the kernel reads the staged conv row instead)
     for name in ("x", "B", "C"):
         assert p[name] == 0 and all(v == 0 for k, v in p.items() if k.startswith(f"stride_{name}_")), name
@@ -160,7 +162,8 @@ def test_groups_come_from_the_channel_count(ngroups):
     call = bind(**fused_args(xBC=_fake(ELSEWHERE, (BATCH, T, channels), "fp16"),
                              conv_weight=_fake(ELSEWHERE + MB, (channels, K), "fp32"),
                              conv_bias=_fake(ELSEWHERE + 2 * MB, (channels,), "fp32"),
-                             conv_state=_fake(ELSEWHERE + 3 * MB, (SLOTS, channels, K - 1), "fp16")))
+                             conv_state=_fake(ELSEWHERE + 3 * MB, (SLOTS, channels, K - 1), "fp16"),
+                             tickets=fake_array(ELSEWHERE + 4 * MB, (SLOTS, ngroups + 1), "int32")))
     assert call.params["heads_per_group"] == H // ngroups and call.params["channels"] == channels
 
 
@@ -285,13 +288,13 @@ FUSED_BAD = [
     ("compact", {"conv_window_count": fake_array(ELSEWHERE, (SLOTS,), "int64")}, errors.DTypeError,
      "conv_window_count", "int32"),
 ] + [
-    # the tickets: one int32 counter per slot, in every fused mode
+    # the tickets: int32 counters per (slot, group) and per slot, in every fused mode
     (mode, {"tickets": tickets}, error, "tickets", fragment)
     for mode in ("update", "snapshot", "compact")
-    for tickets, error, fragment in ((_i32((SLOTS + 1,)), errors.ShapeError, f"expected shape {(SLOTS,)}"),
-                                     (_i32((SLOTS, 1)), errors.ShapeError, "expected 1 dims (num_slots,)"),
-                                     (_i32((BATCH,)), errors.ShapeError, f"expected shape {(SLOTS,)}"),
-                                     (fake_array(ELSEWHERE, (SLOTS,), "int64"), errors.DTypeError, "int32"))
+    for tickets, error, fragment in ((_i32((SLOTS + 1, G + 1)), errors.ShapeError, f"expected shape {TICKETS}"),
+                                     (_i32((SLOTS,)), errors.ShapeError, "expected 2 dims (num_slots, ngroups + 1)"),
+                                     (_i32((SLOTS, G)), errors.ShapeError, f"expected shape {TICKETS}"),
+                                     (fake_array(ELSEWHERE, TICKETS, "int64"), errors.DTypeError, "int32"))
 ]
 
 
@@ -321,9 +324,10 @@ def test_conv_arrays_without_xBC_are_refused(no_driver, mode, change, error,  # 
 
 def test_outputs_sharing_memory_are_refused(no_driver):  # noqa: F811
     args = fused_args("compact")
-    at_rejected = fake_array(args["rejected"].__cuda_array_interface__["data"][0], (SLOTS,), "int32")
+    at_rejected = fake_array(args["rejected"].__cuda_array_interface__["data"][0], TICKETS, "int32")
     expect_refused("verify", {**args, "tickets": at_rejected}, errors.AliasingError, "tickets", "overlaps rejected")
-    expect_refused("verify", {**args, "conv_window_count": args["tickets"]}, errors.AliasingError,
+    expect_refused("verify", {**args, "conv_window_count": fake_array(
+                       args["tickets"].__cuda_array_interface__["data"][0], (SLOTS,), "int32")}, errors.AliasingError,
                    "conv_window_count", "overlaps tickets")
     args = fused_args()
     expect_refused("verify", {**args, "conv_state": _fake(STATE_AT, (SLOTS, CH, K - 1), "fp16")},
@@ -340,3 +344,11 @@ def test_compact_rows_beyond_the_capacity_name_xBC(no_driver):  # noqa: F811
         from mamba2_aot import dispatch
         dispatch.launch("verify", stream=0, **args)
     assert info.value.argument == "xBC"
+
+
+def test_fused_calls_take_at_most_16_rows(no_driver):  # noqa: F811
+    """All of a fused call's rows are staged at once in shared memory; longer inputs are a prefill."""
+    rows = 17
+    args = fused_args("update", xBC=_f16((BATCH, rows, CH)), out=_f16((BATCH, rows, H, P), MB),
+                      dt=_f16((BATCH, rows, H), 2 * MB), z=_f16((BATCH, rows, H, P), 3 * MB))
+    expect_refused("verify", args, errors.ShapeError, "xBC", "at most 16 rows")

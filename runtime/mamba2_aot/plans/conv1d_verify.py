@@ -102,7 +102,7 @@ class Conv1dVerifyPlan(LaunchPlan):
         if mode == "compact":
             capacity = bind_conv_window(params, conv_window_count, conv_window_xBC, num_slots=num_slots,
                                         channels=channels, io_dtype=xBC.dtype)
-            bind_tickets(params, tickets, num_slots)
+            bind_tickets(params, tickets, (num_slots,), "(num_slots,)")
             if seqlen > capacity:
                 raise ShapeError("xBC", f"xBC: T = {seqlen} new rows exceed the window capacity {capacity}")
             outputs += [conv_window_count, conv_window_xBC, tickets]

@@ -84,10 +84,11 @@ def bind_conv_window(params: dict, conv_window_count, conv_window_xBC, *, num_sl
     return capacity
 
 
-def bind_tickets(params: dict, tickets, num_slots: int) -> None:
-    """tickets (num_slots,) int32: the arrival counters that let the last CTA of a request write what all of its
-    CTAs read (zero when created; every call leaves them zero)."""
+def bind_tickets(params: dict, tickets, shape: tuple[int, ...], dims: str) -> None:
+    """tickets ``shape`` int32 (``dims`` names its dims, e.g. "(num_slots, ngroups + 1)"): the arrival counters
+    that let the last CTA to finish write what other CTAs of its request read (zero when created; every call
+    leaves them zero). Records the pointer and a stride per dim (slot, then group)."""
     expect_dtype(tickets, ("int32",))
-    expect_shape(tickets, (num_slots,), "(num_slots,)")
-    record_strides(params, tickets, ("slot",))
+    expect_shape(tickets, shape, dims)
+    record_strides(params, tickets, ("slot", "group")[:len(shape)])
     params["tickets"] = tickets.ptr

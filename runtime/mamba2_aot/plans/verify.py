@@ -10,7 +10,7 @@ Call::
 
     # fused pre-conv: xBC and the conv arrays instead of x, B, C
     launch("verify", mode=..., state=S, xBC=xBC, conv_state=conv_pool, conv_weight=w, conv_bias=None,
-           activation="silu", tickets=tickets, dt=dt, A=A, out=out, state_indices=idx, ...,
+           activation="silu", tickets=tickets, dt=dt, A=A, out=out, state_indices=idx, ...,   # tickets (slots, G+1)
            conv_window_count=None, conv_window_xBC=None)                 # compact: the conv window record
 
 ==================  ==============================  ==================  ===========================================
@@ -44,13 +44,14 @@ conv_state          (num_slots, channels, K-1)      xBC's dtype / fp32  fused: t
 conv_weight         (channels, K)                   fp32                K in 2..4 (conv1d_verify's convention)
 conv_bias           (channels,) or None             fp32
 activation          "silu" or None                                      the conv's activation
-tickets             (num_slots,)                    int32               fused: arrival counters, zero when created;
-                                                                        every call leaves them zero
+tickets             (num_slots, G + 1)              int32               fused: arrival counters (per group, then
+                                                                        per slot), zero when created; every call
+                                                                        leaves them zero
 conv_window_count   (num_slots,)                    int32               fused compact: the conv window record
 conv_window_xBC     (num_slots, capacity, ch.)      xBC's dtype           (capacity that of window_x)
 ==================  ==============================  ==================  ===========================================
 
-Fused calls compute x, B and C as conv1d_verify would (kernel_src/verify.py, "Fused pre-conv") and are bitwise
+Fused calls take at most 16 rows (T) and compute x, B and C as conv1d_verify would (kernel_src/verify.py, "Fused pre-conv") and are bitwise
 the pair conv1d_verify → verify on column views of its output: outputs, both pools, both window records. The
 conv's num_accepted clamp uses ``conv_window_count`` and the SSM's ``window_count``, as the pair's would (a
 clamped value is counted once).
@@ -80,7 +81,8 @@ from .ssm_inputs import SSM_STRIDES, bind_ssm_gates, bind_ssm_inputs, x_shape
 
 MODES = ("update", "snapshot", "compact")
 IO_DTYPES = ("bf16", "fp16", "fp32")
-FUSED_IO_DTYPES = ("bf16", "fp16")   # the fused conv's pool: the 16-bit I/O dtype or fp32 (kernel's combination rule)
+FUSED_IO_DTYPES = ("bf16", "fp16")
+MAX_FUSED_ROWS = 16                  # the rows a fused call stages at once (kernel_src/verify.py STAGED_ROWS)   # the fused conv's pool: the 16-bit I/O dtype or fp32 (kernel's combination rule)
 POOL_DTYPES = ("fp32", "bf16", "fp16")
 WINDOW = ("window_count", "window_x", "window_B", "window_dt")
 CONV_WINDOW = ("conv_window_count", "conv_window_xBC")
@@ -104,7 +106,7 @@ class VerifyPlan(LaunchPlan):
            "channels", "width")
         + stride_names("conv_state", "slot", "channel", "tap") + stride_names("xBC", "batch", "seqlen", "channel")
         + CONV_STRIDES + stride_names("conv_window_count", "slot")
-        + stride_names("conv_window_xBC", "slot", "row", "channel") + stride_names("tickets", "slot")
+        + stride_names("conv_window_xBC", "slot", "row", "channel") + stride_names("tickets", "slot", "group")
         + ("has_conv_bias", "silu")
     )
     arrays = ("state", "x", "dt", "A", "B", "C", "out", "state_indices", "D", "z", "dt_bias", "snapshot_indices",
@@ -144,6 +146,9 @@ class VerifyPlan(LaunchPlan):
         if seqlen < (0 if mode == "compact" else 1):
             raise ShapeError(rows.name, f"{rows.name}: T (dim 1) must be >= 1 (0 is allowed in compact mode), got "
                              f"{rows.shape}")
+        if fused and seqlen > MAX_FUSED_ROWS:
+            raise ShapeError("xBC", f"xBC: a fused call takes at most {MAX_FUSED_ROWS} rows (T), got {seqlen}; run "
+                             "longer inputs through conv1d_fwd + ssd_fwd (prefill)")
         if activation not in ACTIVATIONS:
             raise InvalidArgumentError("activation", f"activation: expected 'silu' or None, got {activation!r}")
         expect_dim(rows.name, "batch (dim 0)", batch, maximum=GRID_YZ_MAX)
@@ -186,7 +191,8 @@ class VerifyPlan(LaunchPlan):
             if conv_state.shape[0] != num_slots:
                 raise ShapeError("conv_state", f"conv_state: {conv_state.shape[0]} slots, the SSM pool has {num_slots} "
                                  "(one slot index for both pools)")
-            bind_tickets(params, tickets, num_slots)
+            bind_tickets(params, tickets, (num_slots, nheads // params["heads_per_group"] + 1),
+                         "(num_slots, ngroups + 1)")
             outputs += [conv_state, tickets]
 
         capacity = 0
