@@ -203,9 +203,15 @@ class Verify:
             smem = cutlass.utils.SmemAllocator()
             sConv = smem.allocate_tensor(io_type, cute.make_layout((STAGED_ROWS, self.conv_row),
                                                                     stride=(self.conv_row, 1)), 16)
-            flag = smem.allocate_tensor(Int32, cute.make_layout((1,)), 16)
+            # [0]: the tickets' flag; [1], [2]: the request's slot and the head's group, read back after the token
+            # loop instead of being kept in registers through it (registers are what limits the CTAs per SM)
+            meta = smem.allocate_tensor(Int32, cute.make_layout((3,)), 16)
 
         slot = view(a.state_indices, (a.batch,), a.stride_state_indices_batch)[b]
+        if cutlass.const_expr(self.fused):
+            if tid == 0:
+                meta[1] = slot   # visible to every thread after the conv staging's barriers
+                meta[2] = g
         valid = Int32(0)
         if slot >= 0:
             if slot < a.num_slots:
@@ -222,9 +228,7 @@ class Verify:
                     self._count(a, h, tid)
                 folds = cute.math.min(cute.math.max(accepted, Int32(0)), pending)
                 if cutlass.const_expr(self.fused):
-                    conv_pending = view(a.conv_window_count, (a.num_slots,), a.stride_conv_window_count_slot)[slot]
-                    conv_pending = cute.math.min(cute.math.max(conv_pending, Int32(0)), cap)
-                    conv_folds = cute.math.min(cute.math.max(accepted, Int32(0)), conv_pending)
+                    conv_folds = self._conv_folds(a, b, slot)
 
         st = cute.make_rmem_tensor((R, V), Float32)
         # One token's inputs. (Prefetching the next token's into a second set measured slower: the extra
@@ -313,7 +317,7 @@ class Verify:
                     w_count[slot, h] = T
         if cutlass.const_expr(self.fused):
             if valid != 0:
-                self._conv_bookkeeping(a, cv, flag, b, slot, conv_folds, h, g, tid)
+                self._conv_bookkeeping(a, cv, meta, tid)
 
     def _token_buffers(self, io_type):
         """Registers for one token's inputs: x (R), B (V), C (V), dt (1), in the I/O dtype."""
@@ -359,14 +363,30 @@ class Verify:
         cute.arch.sync_threads()
 
     @cute.jit
-    def _conv_bookkeeping(self, a, cv, flag, b, slot, folds, h, g, tid):
+    def _conv_folds(self, a, b, slot):
+        """Compact mode: the pending conv rows to fold, num_accepted clamped by the conv window count (as
+        conv1d_verify clamps it in the pair)."""
+        pending = cute.make_tensor(a.conv_window_count, cute.make_layout(
+            (a.num_slots,), stride=(a.stride_conv_window_count_slot,)))[slot]
+        pending = cute.math.min(cute.math.max(pending, Int32(0)), a.window_capacity)
+        accepted = cute.make_tensor(a.num_accepted, cute.make_layout((a.batch,), stride=(a.stride_num_accepted_batch,)))[b]
+        return cute.math.min(cute.math.max(accepted, Int32(0)), pending)
+
+    @cute.jit
+    def _conv_bookkeeping(self, a, cv, meta, tid):
         """Write the fused conv's pool and window record as conv1d_verify would: this head's x channels now
         (only this CTA reads them); a group's B and C channels by the last of its heads to arrive (ticket
         [slot, g]); in compact mode the window count, which every head reads, by the last group to finish
         (ticket [slot, G])."""
         conv_type, io_type = cutlass_dtype(self.conv_dtype), cutlass_dtype(self.io_dtype)
         P, N, threads = self.headdim, self.d_state, self.num_warps * WARP
+        h, b, _ = cute.arch.block_idx()
         G = a.nheads // a.heads_per_group
+        slot, g = meta[1], meta[2]
+        flag = meta[None]   # last_arrival's flag is element 0
+        folds = Int32(0)
+        if cutlass.const_expr(self.mode == "compact"):
+            folds = self._conv_folds(a, b, slot)   # the count is written only after this CTA's ticket
         cute.arch.sync_threads()   # every warp has read this head's conv inputs
         for c in cutlass.range(h * P + tid, h * P + P, threads, unroll=1):
             walk_channel(cv, self.mode, b, slot, c, folds, a.seqlen, conv_type, io_type)
