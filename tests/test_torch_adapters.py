@@ -112,3 +112,38 @@ def test_decode_takes_model_dtypes_and_int64_indices(launches):
     assert kw["D"].dtype == kw["dt_bias"].dtype == kw["A"].dtype == torch.float32
     assert kw["D"].shape == (H,) and kw["A"].shape == (H,) and kw["dt"].shape == (2, 1, H)
     assert kw["state_indices"].dtype == torch.int32
+
+
+def test_causal_conv1d_fn_hands_the_kernel_channel_last_views(launches):
+    """causal_conv1d's (batch, dim, L) arrays reach conv1d_fwd as (batch, L, dim) views of the same memory."""
+    xBC = torch.zeros(2, 9, 16, dtype=torch.bfloat16)          # Mamba-2's layout: channels contiguous
+    out, final = adapters.causal_conv1d_fn(xBC.transpose(1, 2), torch.ones(16, 4, dtype=torch.bfloat16),
+                                           torch.zeros(16), activation="swish", return_final_states=True)
+    (family, kw), = launches.calls
+    assert family == "conv1d_fwd" and kw["activation"] == "silu"
+    assert kw["xBC"].data_ptr() == xBC.data_ptr() and kw["xBC"].shape == (2, 9, 16) and kw["xBC"].stride(2) == 1
+    assert kw["out"].shape == (2, 9, 16) and kw["conv_weight"].dtype == torch.float32
+    assert out.shape == (2, 16, 9) and final.shape == (2, 16, 3) and kw["final_states"] is final
+
+
+@pytest.mark.parametrize("call,argument", [
+    (lambda x, s, w: adapters.causal_conv1d_fn(x, w, activation="relu"), "activation"),
+    (lambda x, s, w: adapters.causal_conv1d_fn(x, w, final_states_out=s), "final_states_out"),
+    (lambda x, s, w: adapters.causal_conv1d_update(x[..., 0], s, w, cache_seqlens=torch.zeros(2)), "cache_seqlens"),
+    (lambda x, s, w: adapters.causal_conv1d_update(x[..., 0], torch.zeros(2, 16, 5), w), "conv_state"),
+])
+def test_causal_conv1d_refusals_name_the_argument(call, argument, launches):
+    x, state, weight = torch.zeros(2, 16, 9), torch.zeros(2, 16, 3), torch.ones(16, 4)
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        call(x, state, weight)
+    assert info.value.argument == argument and not launches.calls
+
+
+def test_causal_conv1d_update_one_column_is_a_one_row_update(launches):
+    state = torch.zeros(3, 16, 3, dtype=torch.bfloat16)
+    out = adapters.causal_conv1d_update(torch.zeros(2, 16, dtype=torch.bfloat16), state, torch.ones(16, 4),
+                                        conv_state_indices=torch.tensor([2, -1]))
+    (family, kw), = launches.calls
+    assert family == "conv1d_verify" and kw["mode"] == "update" and kw["conv_state"] is state
+    assert kw["xBC"].shape == (2, 1, 16) and kw["state_indices"].dtype == torch.int32 and kw["activation"] is None
+    assert out.shape == (2, 16)

@@ -144,3 +144,25 @@ def test_gradients_are_refused_not_silently_dropped():
         _adapters().mamba_chunk_scan_combined(**inputs, chunk_size=64, dt_softplus=True)
     with torch.no_grad():
         _adapters().mamba_chunk_scan_combined(**inputs, chunk_size=64, dt_softplus=True)
+
+
+def test_causal_conv1d_fn_then_update_match_the_oracle():
+    """causal_conv1d's calling convention (x (batch, dim, L) as a transposed view of Mamba-2's xBC, bf16 weights):
+    a prefill with initial states, then two decode columns from its final states, against one fp64 conv."""
+    batch, dim, L, K = 2, 200, 70, 4
+    gen = torch.Generator().manual_seed(5)
+    xBC = torch.randn(batch, L + 2, dim, generator=gen).bfloat16()
+    weight = (torch.randn(dim, K, generator=gen) * 0.5).bfloat16()
+    bias = (torch.randn(dim, generator=gen) * 0.1).bfloat16()
+    initial = torch.randn(batch, dim, K - 1, generator=gen).bfloat16()
+    adapters = _adapters()
+    x = xBC[:, :L].cuda().transpose(1, 2)
+    out, final = adapters.causal_conv1d_fn(x, weight.cuda(), bias.cuda(), initial_states=initial.cuda(),
+                                           return_final_states=True, activation="silu")
+    steps = [adapters.causal_conv1d_update(xBC[:, L + t].cuda(), final, weight.cuda(), bias.cuda(), activation="silu")
+             for t in range(2)]
+    ref = reference.conv1d_prefill(xBC, weight.float(), bias.float(), "silu", initial_conv_states=initial)
+    conv_tol = reference.TOLERANCES["bf16"]["out"]
+    reference.assert_close_scaled(out.transpose(1, 2).cpu(), ref["out"][:, :L], conv_tol, "causal_conv1d_fn out")
+    reference.assert_close_scaled(torch.stack(steps, 1).cpu(), ref["out"][:, L:], conv_tol, "causal_conv1d_update")
+    assert torch.equal(final.cpu().double(), ref["final_conv_states"]), "the state after decode: the last K-1 inputs"

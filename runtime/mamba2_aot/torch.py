@@ -1,11 +1,14 @@
 """PyTorch drop-ins for state-spaces/mamba's Triton entry points, on the prebuilt kernels.
 
-    from mamba2_aot.torch import mamba_chunk_scan_combined, selective_state_update
+    from mamba2_aot.torch import (mamba_chunk_scan_combined, selective_state_update, causal_conv1d_fn,
+                                  causal_conv1d_update)
 
-Same signatures and return conventions as ``mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined`` and
-``mamba_ssm.ops.triton.selective_state_update.selective_state_update``; outputs are allocated with torch and
-the kernels run on torch's current stream. Both are ``torch.library`` custom ops (``mamba2_aot::ssd_fwd``,
-``mamba2_aot::state_update``) with fake (meta) implementations, so ``torch.compile(fullgraph=True)`` traces
+Same signatures and return conventions as ``mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined``,
+``mamba_ssm.ops.triton.selective_state_update.selective_state_update`` and the ``causal_conv1d`` package's
+``causal_conv1d_fn`` / ``causal_conv1d_update`` (which state-spaces/mamba's Mamba-2 block calls); outputs are
+allocated with torch and the kernels run on torch's current stream. They are ``torch.library`` custom ops
+(``mamba2_aot::ssd_fwd``, ``mamba2_aot::state_update``, ``mamba2_aot::conv1d_fwd``,
+``mamba2_aot::conv1d_update``) with fake (meta) implementations, so ``torch.compile(fullgraph=True)`` traces
 them; for CUDA-graph capture call ``mamba2_aot.preload()`` first (kernels are loaded outside capture).
 
 Importing this module needs torch; the rest of the package never imports it. Errors are the runtime's typed
@@ -182,4 +185,98 @@ def _per_head(name: str, t: torch.Tensor, rank: int, expanded: int) -> torch.Ten
     return t[(slice(None),) * rank + (0,) * expanded]
 
 
-__all__ = ["mamba_chunk_scan_combined", "selective_state_update"]
+@torch.library.custom_op("mamba2_aot::conv1d_fwd", mutates_args=())
+def _conv1d_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], seq_idx: Optional[torch.Tensor],
+                initial_states: Optional[torch.Tensor], silu: bool,
+                return_final_states: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    # x (batch, dim, L) as the causal_conv1d package takes it; the kernel reads (batch, L, dim) views
+    out = torch.empty_like(x)
+    width = weight.shape[1]
+    final_states = x.new_empty((x.shape[0] if return_final_states else 0, x.shape[1], width - 1))
+    runtime.launch("conv1d_fwd", xBC=x.transpose(1, 2), conv_weight=weight, conv_bias=bias, out=out.transpose(1, 2),
+                   activation="silu" if silu else None, seq_idx=seq_idx, initial_states=initial_states,
+                   final_states=final_states if return_final_states else None)
+    return out, final_states
+
+
+@_conv1d_fwd.register_fake
+def _(x, weight, bias, seq_idx, initial_states, silu, return_final_states):
+    return torch.empty_like(x), x.new_empty((x.shape[0] if return_final_states else 0, x.shape[1], weight.shape[1] - 1))
+
+
+@torch.library.custom_op("mamba2_aot::conv1d_update", mutates_args=("conv_state",))
+def _conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                   silu: bool, state_indices: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(x)   # (batch, dim, T)
+    runtime.launch("conv1d_verify", mode="update", conv_state=conv_state, xBC=x.transpose(1, 2), conv_weight=weight,
+                   conv_bias=bias, out=out.transpose(1, 2), activation="silu" if silu else None,
+                   state_indices=state_indices)
+    return out
+
+
+@_conv1d_update.register_fake
+def _(x, conv_state, weight, bias, silu, state_indices):
+    return torch.empty_like(x)
+
+
+_ACTIVATIONS = {None: False, "silu": True, "swish": True}
+
+
+def _conv_activation(activation) -> bool:
+    if activation not in _ACTIVATIONS:
+        raise InvalidArgumentError("activation", f"activation: expected None, 'silu' or 'swish', got {activation!r}")
+    return _ACTIVATIONS[activation]
+
+
+def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, return_final_states=False,
+                     final_states_out=None, activation=None):
+    """The causal depthwise conv1d over sequences (the prefill before the SSM), as the ``causal_conv1d``
+    package's function of the same name (math: kernel_src/conv_window.py).
+
+    x (batch, dim, L) bf16/fp16/fp32, any strides (Mamba-2 passes ``xBC.transpose(1, 2)``, channels contiguous:
+    the fast layout); weight (dim, width) with width 2..4 and bias (dim,) (used in fp32); seq_idx (batch, L)
+    int32 (a new sequence where it changes; no states with it); initial_states (batch, dim, width - 1) (taken in
+    x's dtype); activation None, "silu" or "swish". Returns out (batch, dim, L) in x's dtype, and with
+    return_final_states also final_states (batch, dim, width - 1) in x's dtype (written into
+    ``final_states_out`` when given).
+    """
+    silu = _conv_activation(activation)
+    if final_states_out is not None and not return_final_states:
+        raise InvalidArgumentError("final_states_out", "final_states_out: given without return_final_states=True")
+    initial_states = None if initial_states is None else initial_states.to(x.dtype)   # one state dtype: x's
+    out, finals = _conv1d_fwd(x, weight.float(), _fp32(bias), None if seq_idx is None else seq_idx.to(torch.int32),
+                              initial_states, silu, bool(return_final_states))
+    if not return_final_states:
+        return out
+    if final_states_out is not None:
+        final_states_out.copy_(finals)
+        finals = final_states_out
+    return out, finals
+
+
+def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cache_seqlens=None,
+                         conv_state_indices=None):
+    """T new columns of the causal conv1d from a conv-state pool, in place (decode), as the ``causal_conv1d``
+    package's function of the same name.
+
+    x (batch, dim) or (batch, dim, T); conv_state (batch or num_slots, dim, width - 1) in x's dtype or fp32,
+    updated in place; weight (dim, width), width 2..4; bias (dim,); conv_state_indices (batch,) integers (row b
+    uses that slot; negative: a padding row, output zero; default: slot b). Returns out shaped like x. Not
+    supported (typed errors): ``cache_seqlens`` (a circular conv state) and a state longer than width - 1.
+    """
+    silu = _conv_activation(activation)
+    if cache_seqlens is not None:
+        raise InvalidArgumentError("cache_seqlens", "cache_seqlens: the circular conv state is not supported; keep "
+                                   "the state as the last width - 1 inputs")
+    if conv_state.dim() == 3 and conv_state.shape[2] != weight.shape[1] - 1:
+        raise ShapeError("conv_state", f"conv_state: state length {conv_state.shape[2]} must be width - 1 = "
+                         f"{weight.shape[1] - 1}")
+    single = x.dim() == 2
+    rows = x[..., None] if single else x
+    if conv_state_indices is None:
+        conv_state_indices = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
+    out = _conv1d_update(rows, conv_state, weight.float(), _fp32(bias), silu, conv_state_indices.to(torch.int32))
+    return out[..., 0] if single else out
+
+
+__all__ = ["mamba_chunk_scan_combined", "selective_state_update", "causal_conv1d_fn", "causal_conv1d_update"]
