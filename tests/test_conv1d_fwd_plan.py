@@ -314,6 +314,11 @@ BAD = [
             "out": _fp16((BATCH, L, CH), 0)}, errors.AliasingError, "final_states", "overlaps out"),
     (PACKED, {"final_states": fake_array(ELSEWHERE, (SLOTS, CH, K - 1), "fp32", strides=(0, K - 1, 1))},
      errors.StrideError, "final_states", "make elements overlap"),
+    # dims the kernel takes as 32-bit ints (a read-only pool may be a broadcast view of any length)
+    (PACKED, {"initial_states": fake_array(ELSEWHERE, (2**31, CH, K - 1), "fp32", strides=(0, K - 1, 1))},
+     errors.ShapeError, "initial_states", f"num_seqs or num_slots (dim 0) = {2**31} exceeds the kernel's limit"),
+    (PACKED, {"cu_seqlens": _i32((2**31 + 1,))}, errors.ShapeError, "cu_seqlens",
+     f"num_seqs (dim 0 - 1) = {2**31} exceeds the kernel's limit"),
 ]
 
 

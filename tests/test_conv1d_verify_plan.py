@@ -210,6 +210,14 @@ BAD = [
      f"expected shape {(SLOTS, CAP, CH)}"),
     ("compact", {"conv_window_xBC": _fp16((SLOTS, CAP))}, errors.ShapeError, "conv_window_xBC", "expected 3 dims"),
     ("compact", {"tickets": _i32((SLOTS - 1,))}, errors.ShapeError, "tickets", f"expected shape {(SLOTS,)}"),
+] + [
+    # dims the kernel takes as 32-bit ints: refused by name, not a struct.error when the parameters are packed
+    ("update", {"conv_state": fake_array(ELSEWHERE, (2**31, CH, K - 1), "fp32")}, errors.ShapeError, "conv_state",
+     f"num_slots (dim 0) = {2**31} exceeds the kernel's limit"),
+    ("update", {"xBC": _fp16((1, 2**31, CH)), "out": _fp16((1, 2**31, CH), MB)}, errors.ShapeError, "xBC",
+     f"T (dim 1) = {2**31} exceeds the kernel's limit"),
+    ("compact", {"conv_window_xBC": _fp16((SLOTS, 2**31, CH))}, errors.ShapeError, "conv_window_xBC",
+     f"capacity (dim 1) = {2**31} exceeds the kernel's limit"),
 ]
 
 

@@ -130,7 +130,7 @@ def test_causal_conv1d_fn_hands_the_kernel_channel_last_views(launches):
     (lambda x, s, w: adapters.causal_conv1d_fn(x, w, activation="relu"), "activation"),
     (lambda x, s, w: adapters.causal_conv1d_fn(x, w, final_states_out=s), "final_states_out"),
     (lambda x, s, w: adapters.causal_conv1d_update(x[..., 0], s, w, cache_seqlens=torch.zeros(2)), "cache_seqlens"),
-    (lambda x, s, w: adapters.causal_conv1d_update(x[..., 0], torch.zeros(2, 16, 5), w), "conv_state"),
+    (lambda x, s, w: adapters.causal_conv1d_update(x[..., 0], torch.zeros(2, 16, 2), w), "conv_state"),
 ])
 def test_causal_conv1d_refusals_name_the_argument(call, argument, launches):
     x, state, weight = torch.zeros(2, 16, 9), torch.zeros(2, 16, 3), torch.ones(16, 4)
@@ -147,3 +147,11 @@ def test_causal_conv1d_update_one_column_is_a_one_row_update(launches):
     assert family == "conv1d_verify" and kw["mode"] == "update" and kw["conv_state"] is state
     assert kw["xBC"].shape == (2, 1, 16) and kw["state_indices"].dtype == torch.int32 and kw["activation"] is None
     assert out.shape == (2, 16)
+
+
+def test_causal_conv1d_update_uses_the_last_columns_of_a_longer_state(launches):
+    """state-spaces/mamba's cache keeps d_conv = width columns; the conv reads and writes the last width - 1."""
+    state = torch.zeros(2, 16, 4)
+    adapters.causal_conv1d_update(torch.zeros(2, 16), state, torch.ones(16, 4))
+    (_, kw), = launches.calls
+    assert kw["conv_state"].shape == (2, 16, 3) and kw["conv_state"].data_ptr() == state[..., 1:].data_ptr()

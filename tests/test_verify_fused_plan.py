@@ -311,7 +311,9 @@ UNFUSED_BAD = [
     for name, value in (("conv_state", _f16((SLOTS, CH, K - 1))), ("conv_weight", _f16((CH, K), dtype="fp32")),
                         ("conv_bias", _f16((CH,), dtype="fp32")), ("tickets", _i32((SLOTS,))))
 ] + [
-    ("compact", {name: value}, errors.InvalidArgumentError, name, "not used in compact mode")
+    # the conv window record belongs to the fused call: without xBC it is refused as the other conv arrays are
+    (mode, {name: value}, errors.InvalidArgumentError, name, "given without xBC")
+    for mode in ("update", "compact")
     for name, value in (("conv_window_count", _i32((SLOTS,))), ("conv_window_xBC", _f16((SLOTS, CAP, CH))))
 ]
 
@@ -352,3 +354,35 @@ def test_fused_calls_take_at_most_16_rows(no_driver):  # noqa: F811
     args = fused_args("update", xBC=_f16((BATCH, rows, CH)), out=_f16((BATCH, rows, H, P), MB),
                       dt=_f16((BATCH, rows, H), 2 * MB), z=_f16((BATCH, rows, H, P), 3 * MB))
     expect_refused("verify", args, errors.ShapeError, "xBC", "at most 16 rows")
+
+
+def test_rows_of_xBC_and_out_disagreeing_name_xBC_with_its_own_shape(no_driver):  # noqa: F811
+    """The rules on T (at most 16 fused rows, at least 1 outside compact mode) are checked on a T that xBC has:
+    out and xBC disagreeing is a shape error first, not a refusal quoting out's T against xBC."""
+    rows = 17
+    args = fused_args("update", out=_f16((BATCH, rows, H, P), MB), dt=_f16((BATCH, rows, H), 2 * MB),
+                      z=_f16((BATCH, rows, H, P), 3 * MB))   # xBC keeps its T rows
+    expect_refused("verify", args, errors.ShapeError, "xBC", f"expected shape {(BATCH, rows, CH)}")
+    args = fused_args("update", out=_f16((BATCH, 0, H, P), MB), dt=_f16((BATCH, 0, H), 2 * MB),
+                      z=_f16((BATCH, 0, H, P), 3 * MB))
+    expect_refused("verify", args, errors.ShapeError, "xBC", f"expected shape {(BATCH, 0, CH)}")
+
+
+def test_plan_limits_are_the_kernels():
+    """The runtime cannot import kernel_src: the limits it enforces are copies of the kernels' constants (a fused
+    call of more rows than the kernel stages would index past its shared memory)."""
+    pytest.importorskip("cutlass", reason="needs the CuTe DSL (requirements/build.txt)")
+    import sys
+    from conftest import ROOT
+    sys.path.insert(0, str(ROOT))
+    from kernel_src import conv1d_fwd, conv1d_verify, conv_window
+    from kernel_src import verify as verify_kernel
+    from mamba2_aot.plans import conv1d_fwd as fwd_plan
+    from mamba2_aot.plans import conv1d_verify as conv_verify_plan
+    from mamba2_aot.plans import conv_inputs
+    from mamba2_aot.plans import verify as verify_plan
+    assert verify_plan.MAX_FUSED_ROWS == verify_kernel.STAGED_ROWS
+    assert conv_inputs.MAX_WIDTH == conv_window.MAX_WIDTH
+    assert (fwd_plan.CHANNELS_PER_CTA, fwd_plan.TOKENS_PER_CTA) == (conv1d_fwd.CHANNELS_PER_CTA,
+                                                                    conv1d_fwd.TOKENS_PER_CTA)
+    assert conv_verify_plan.CHANNELS_PER_CTA == conv1d_verify.CHANNELS_PER_CTA

@@ -259,18 +259,23 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cach
     """T new columns of the causal conv1d from a conv-state pool, in place (decode), as the ``causal_conv1d``
     package's function of the same name.
 
-    x (batch, dim) or (batch, dim, T); conv_state (batch or num_slots, dim, width - 1) in x's dtype or fp32,
-    updated in place; weight (dim, width), width 2..4; bias (dim,); conv_state_indices (batch,) integers (row b
-    uses that slot; negative: a padding row, output zero; default: slot b). Returns out shaped like x. Not
-    supported (typed errors): ``cache_seqlens`` (a circular conv state) and a state longer than width - 1.
+    x (batch, dim) or (batch, dim, T); conv_state (batch or num_slots, dim, state_len >= width - 1) in x's dtype
+    or fp32, updated in place: its last width - 1 columns, the only ones the conv reads (state-spaces/mamba's
+    cache has state_len = width; the columns before are left as they were); weight (dim, width), width 2..4;
+    bias (dim,); conv_state_indices (batch,) integers (row b uses that slot; negative: a padding row, output zero;
+    default: slot b). Returns out shaped like x. Not supported (typed error): ``cache_seqlens`` (a circular state).
     """
     silu = _conv_activation(activation)
     if cache_seqlens is not None:
         raise InvalidArgumentError("cache_seqlens", "cache_seqlens: the circular conv state is not supported; keep "
                                    "the state as the last width - 1 inputs")
-    if conv_state.dim() == 3 and conv_state.shape[2] != weight.shape[1] - 1:
-        raise ShapeError("conv_state", f"conv_state: state length {conv_state.shape[2]} must be width - 1 = "
-                         f"{weight.shape[1] - 1}")
+    held = weight.shape[1] - 1
+    if conv_state.dim() == 3 and conv_state.shape[2] < held:
+        raise ShapeError("conv_state", f"conv_state: state length {conv_state.shape[2]} is shorter than width - 1 = "
+                         f"{held}")
+    if conv_state.dim() == 3 and conv_state.shape[2] > held:
+        # state-spaces/mamba's inference cache holds d_conv columns; the conv reads only the last width - 1
+        conv_state = conv_state[..., -held:]
     single = x.dim() == 2
     rows = x[..., None] if single else x
     if conv_state_indices is None:

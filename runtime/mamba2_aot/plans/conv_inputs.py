@@ -22,6 +22,8 @@ def bind_conv_rows(params: dict, xBC, out, io_dtypes: tuple[str, ...], length: s
     if seqlen < min_length:
         raise ShapeError("xBC", f"xBC: {length} (dim 1) must be >= {min_length}, got shape {xBC.shape}")
     expect_dim("xBC", "batch (dim 0)", batch, maximum=GRID_YZ_MAX)
+    expect_dim("xBC", f"{length} (dim 1)", seqlen)
+    expect_dim("xBC", "channels (dim 2)", channels)
     expect_dtype(out, (xBC.dtype,))
     expect_shape(out, xBC.shape, f"(batch, {length}, channels) of xBC")
     params.update(batch=batch, seqlen=seqlen, channels=channels, xBC=xBC.ptr, out=out.ptr)
@@ -60,6 +62,7 @@ def bind_conv_pool(params: dict, conv_state, *, channels: int, width: int, io_dt
     expect_dtype(conv_state, allowed)
     expect_rank(conv_state, 3, "(num_slots, channels, width - 1)")
     num_slots = conv_state.shape[0]
+    expect_dim(name, "num_slots (dim 0)", num_slots)
     expect_shape(conv_state, (num_slots, channels, width - 1), "(num_slots, channels, width - 1) of conv_weight")
     if conv_state.strides[0] == 0 and num_slots > 1:
         raise StrideError(name, f"{name}: slot stride 0 makes every slot the same memory")
@@ -77,6 +80,7 @@ def bind_conv_window(params: dict, conv_window_count, conv_window_xBC, *, num_sl
     expect_dtype(conv_window_xBC, (io_dtype,))
     expect_rank(conv_window_xBC, 3, "(num_slots, capacity, channels)")
     capacity = conv_window_xBC.shape[1]
+    expect_dim("conv_window_xBC", "capacity (dim 1)", capacity)
     expect_shape(conv_window_xBC, (num_slots, capacity, channels), "(num_slots, capacity, channels)")
     for arr, dims in ((conv_window_count, ("slot",)), (conv_window_xBC, ("slot", "row", "channel"))):
         record_strides(params, arr, dims)

@@ -4,7 +4,7 @@ sequence, in one state dtype per call; a pool may be read and written in place."
 from __future__ import annotations
 
 from ..errors import InvalidArgumentError, ShapeError
-from ..validation import expect_dtype, expect_rank, expect_shape, record_strides
+from ..validation import expect_dim, expect_dtype, expect_rank, expect_shape, record_strides
 
 ROLES = ("initial", "final")
 
@@ -20,6 +20,7 @@ def bind_cu_seqlens(params: dict, cu_seqlens, batch: int, rows_name: str) -> int
     num_seqs = cu_seqlens.shape[0] - 1
     if num_seqs < 1:
         raise ShapeError("cu_seqlens", "cu_seqlens: needs at least 2 entries (one sequence)")
+    expect_dim("cu_seqlens", "num_seqs (dim 0 - 1)", num_seqs)
     record_strides(params, cu_seqlens, ("seq",))
     return num_seqs
 
@@ -58,6 +59,7 @@ def bind_sequence_states(params: dict, *, initial_states, initial_state_indices,
             continue
         expect_rank(arr, 1 + len(block), f"(num_seqs or num_slots, {block_dims})")
         slots = arr.shape[0]
+        expect_dim(plural, "num_seqs or num_slots (dim 0)", slots)
         expect_shape(arr, (slots, *block), f"(num_seqs or num_slots, {block_dims})")
         if check_block is not None:
             check_block(arr)

@@ -50,7 +50,8 @@ a sequence reads its slot before writing; slots written must be distinct and not
 of the call (as for verify). With cu_seqlens, tokens outside every sequence are not computed: their out rows
 and a chunk state whose last token is one of them are not written. A non-finite input value in one sequence
 can reach another sequence that shares its 64-token block (the block's products add every row, weighted by
-zero outside the sequence); padding past L is zero-filled and never contributes.
+zero outside the sequence), and so can one in rows outside every sequence: those of x and B must be finite
+(e.g. zeroed; conv1d_fwd does not write them); padding past L is zero-filled and never contributes.
 
 No workspace. One CTA per (64 rows of P, head, row or sequence): grid rule ``headdim/64,heads,sequences``.
 """

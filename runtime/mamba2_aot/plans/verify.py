@@ -51,10 +51,10 @@ conv_window_count   (num_slots,)                    int32               fused co
 conv_window_xBC     (num_slots, capacity, ch.)      xBC's dtype           (capacity that of window_x)
 ==================  ==============================  ==================  ===========================================
 
-Fused calls take at most 16 rows (T) and compute x, B and C as conv1d_verify would (kernel_src/verify.py, "Fused pre-conv") and are bitwise
-the pair conv1d_verify → verify on column views of its output: outputs, both pools, both window records. The
-conv's num_accepted clamp uses ``conv_window_count`` and the SSM's ``window_count``, as the pair's would (a
-clamped value is counted once).
+Fused calls take at most 16 rows (T) and compute x, B and C as conv1d_verify would (kernel_src/verify.py,
+"Fused pre-conv"); they are bitwise the pair conv1d_verify → verify on column views of its output: outputs,
+both pools, both window records. The conv's num_accepted clamp uses ``conv_window_count`` and the SSM's
+``window_count``, as the pair's would; only the SSM's clamp is counted in ``rejected`` (once per request).
 
 Padding and out-of-range rules: a negative slot is a padding row (outputs zero, nothing of the pool or the
 window read or written). A slot >= num_slots is treated the same way and counted in ``rejected``. A
@@ -82,7 +82,7 @@ from .ssm_inputs import SSM_STRIDES, bind_ssm_gates, bind_ssm_inputs, x_shape
 MODES = ("update", "snapshot", "compact")
 IO_DTYPES = ("bf16", "fp16", "fp32")
 FUSED_IO_DTYPES = ("bf16", "fp16")
-MAX_FUSED_ROWS = 16                  # the rows a fused call stages at once (kernel_src/verify.py STAGED_ROWS)   # the fused conv's pool: the 16-bit I/O dtype or fp32 (kernel's combination rule)
+MAX_FUSED_ROWS = 16                  # the rows a fused call stages at once (kernel_src/verify.py STAGED_ROWS)
 POOL_DTYPES = ("fp32", "bf16", "fp16")
 WINDOW = ("window_count", "window_x", "window_B", "window_dt")
 CONV_WINDOW = ("conv_window_count", "conv_window_xBC")
@@ -132,7 +132,8 @@ class VerifyPlan(LaunchPlan):
         else:
             expect_given(x=x, B=B, C=C)
             for name, arr in (("conv_state", conv_state), ("conv_weight", conv_weight), ("conv_bias", conv_bias),
-                              ("tickets", tickets)):
+                              ("tickets", tickets), ("conv_window_count", conv_window_count),
+                              ("conv_window_xBC", conv_window_xBC)):
                 if arr is not None:
                     raise InvalidArgumentError(name, f"{name}: given without xBC (the fused conv's input)")
         conv_window = CONV_WINDOW[:2] if fused else ()
@@ -143,6 +144,10 @@ class VerifyPlan(LaunchPlan):
 
         rows = xBC if fused else x   # the array whose dims 0 and 1 are (batch, T), named in messages
         batch, seqlen, nheads, headdim = x_shape(out if fused else x, FUSED_IO_DTYPES if fused else IO_DTYPES, "T")
+        if fused:   # xBC's (batch, T) are out's, checked before the rules on T that name xBC
+            expect_dtype(xBC, (out.dtype,))
+            expect_rank(xBC, 3, "(batch, T, channels)")
+            expect_shape(xBC, (batch, seqlen, xBC.shape[2]), "(batch, T, channels) of out")
         if seqlen < (0 if mode == "compact" else 1):
             raise ShapeError(rows.name, f"{rows.name}: T (dim 1) must be >= 1 (0 is allowed in compact mode), got "
                              f"{rows.shape}")
@@ -160,8 +165,7 @@ class VerifyPlan(LaunchPlan):
             inputs = bind_ssm_gates(params, out.shape, out.dtype, dt=dt, A=A, out=out, D=D, z=z, dt_bias=dt_bias,
                                     length="T")
             inputs += _bind_fused_conv(params, xBC=xBC, conv_state=conv_state, conv_weight=conv_weight,
-                                       conv_bias=conv_bias, activation=activation, shape=out.shape, io=out.dtype,
-                                       d_state=d_state)
+                                       conv_bias=conv_bias, activation=activation, shape=out.shape, d_state=d_state)
         else:
             (*_, d_state), inputs = bind_ssm_inputs(params, x=x, dt=dt, A=A, B=B, C=C, out=out, D=D, z=z,
                                                     dt_bias=dt_bias, length="T")
@@ -169,7 +173,8 @@ class VerifyPlan(LaunchPlan):
 
         num_slots = state.shape[0]
         expect_dim("state", "num_slots (dim 0)", num_slots)
-        expect_shape(state, (num_slots, nheads, headdim, d_state), "(num_slots, nheads, headdim, d_state) of x and B")
+        expect_shape(state, (num_slots, nheads, headdim, d_state),
+                     f"(num_slots, nheads, headdim, d_state) of {'out' if fused else 'x and B'}")
         if state.strides[2:] != (d_state, 1):
             raise StrideError("state", f"state: each (slot, head) block must be a contiguous headdim × d_state "
                               f"matrix (strides (..., {d_state}, 1)), got strides {state.strides}")
@@ -241,21 +246,18 @@ class VerifyPlan(LaunchPlan):
         )
 
 
-def _bind_fused_conv(params: dict, *, xBC, conv_state, conv_weight, conv_bias, activation, shape, io: str,
+def _bind_fused_conv(params: dict, *, xBC, conv_state, conv_weight, conv_bias, activation, shape,
                      d_state: int) -> list:
     """The fused pre-conv's inputs: xBC (batch, T, H·P + 2·G·N) in out's dtype, whose channels are Mamba-2's
     [x | B | C] split (G from the channel count), the conv weights and the conv pool. Records them and
     ``heads_per_group``; returns the arrays read."""
-    batch, seqlen, nheads, headdim = shape
-    expect_dtype(xBC, (io,))
-    expect_rank(xBC, 3, "(batch, T, channels)")
-    channels = xBC.shape[2]
+    nheads, headdim = shape[2:]
+    channels = xBC.shape[2]   # xBC's dtype, rank, batch and T already checked against out
     groups_width = channels - nheads * headdim
     ngroups = groups_width // (2 * d_state) if groups_width > 0 else 0
     if ngroups < 1 or ngroups * 2 * d_state != groups_width or nheads % ngroups:
         raise ShapeError("xBC", f"xBC: {channels} channels is not nheads·headdim + 2·ngroups·d_state "
                          f"({nheads}·{headdim} + 2·G·{d_state}) for an ngroups G dividing nheads")
-    expect_shape(xBC, (batch, seqlen, channels), "(batch, T, channels) of out")
     params.update(xBC=xBC.ptr, channels=channels, heads_per_group=nheads // ngroups)
     record_strides(params, xBC, ("batch", "seqlen", "channel"))
     read = [xBC] + bind_conv_weights(params, conv_weight=conv_weight, conv_bias=conv_bias, activation=activation,
