@@ -150,8 +150,13 @@ class Conv1dForward:
             if packed and t - start < K - 1:
                 mine = owns_start
             u = cv.xBC[row, t, c].to(Float32)
-            if inside and mine:
-                out[row, t, c] = conv_output((w0, w1, w2), u, weights, bias, K, cv.apply_silu).to(io_type)
+            if inside:
+                if mine:
+                    out[row, t, c] = conv_output((w0, w1, w2), u, weights, bias, K, cv.apply_silu).to(io_type)
+            elif t < own_end:
+                # a row outside every cu_seqlens sequence: zero, so that ssd_fwd can read this output as is (it
+                # weights such rows by zero, which a stale NaN would survive)
+                out[row, t, c] = Float32(0.0).to(io_type)
             w0, w1, w2 = push((w0, w1, w2), u)
 
         if a.has_final_states != 0:

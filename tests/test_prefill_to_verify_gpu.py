@@ -4,7 +4,8 @@ conv1d_fwd runs the causal conv over packed sequences (cu_seqlens) and leaves ea
 its slot of a conv pool; ssd_fwd reads x, B and C as column views of the conv output and leaves each final SSM
 state in the same slot of an SSM pool; the fused verify then decodes T more tokens per sequence from those slots.
 The decoded outputs, and both pools afterwards, must match the fp64 oracle run over each whole sequence (conv,
-rounded to bf16 as the kernels pass it on, then the SSM).
+rounded to bf16 as the kernels pass it on, then the SSM). The packed row ends with padding outside every
+sequence, in a conv output buffer that held NaN: conv1d_fwd zeroes those rows, so ssd_fwd reads them safely.
 """
 import pytest
 
@@ -50,13 +51,17 @@ def test_packed_prefill_then_fused_decode_equals_one_long_run():
              "dt_bias": torch.randn(H, generator=gen) * 0.5}
     cuda = {k: v.cuda() for k, v in layer.items()}
 
-    # prefill: the sequences packed along L of one row
-    packed = {k: torch.cat([s[k][:n] for s, n in zip(seqs, lengths)])[None].cuda() for k in ("xBC", "dt", "z")}
+    # prefill: the sequences packed along L of one row, then 20 rows of padding outside every sequence
+    pad = {"xBC": torch.randn(20, CHANNELS, generator=gen).bfloat16(), "dt": torch.zeros(20, H).bfloat16(),
+           "z": torch.zeros(20, H, P).bfloat16()}
+    packed = {k: torch.cat([s[k][:n] for s, n in zip(seqs, lengths)] + [pad[k]])[None].cuda()
+              for k in ("xBC", "dt", "z")}
     cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     slot_index = torch.tensor(slots, dtype=torch.int32, device="cuda")
     conv_pool = torch.zeros(8, CHANNELS, K - 1, dtype=torch.bfloat16, device="cuda")
     ssm_pool = torch.zeros(8, H, P, N, device="cuda")
-    conv_out = torch.empty_like(packed["xBC"])
+    # stale NaN in the conv output buffer: conv1d_fwd must zero the padding rows that ssd_fwd then reads
+    conv_out = torch.full_like(packed["xBC"], float("nan"))
     rt = _runtime()
     rt.launch("conv1d_fwd", xBC=packed["xBC"], conv_weight=cuda["conv_weight"], conv_bias=cuda["conv_bias"],
               out=conv_out, cu_seqlens=cu_seqlens, final_states=conv_pool, final_state_indices=slot_index)

@@ -33,10 +33,9 @@ per-sequence states with ``seq_idx`` are refused (pass cu_seqlens). The final st
 verify families read without conversion, so prefill → verify needs no glue: slice x, B and C out of ``out``
 (column views) for ``ssd_fwd``, and pass the same pool and slots to ``conv1d_verify`` or the fused verify.
 Reading and writing one pool (initial_states is final_states) is allowed; slots written must be distinct and
-not read by another sequence of the call. With cu_seqlens, rows outside every sequence are not written:
-they keep ``out``'s previous bytes, and ``ssd_fwd`` reads every row of a 64-token block (weighted by zero
-outside the sequence, so a NaN or Inf there still reaches it). When cu_seqlens does not cover [0, L) (a
-padded packing) and ``out`` feeds ``ssd_fwd``, zero ``out`` first.
+not read by another sequence of the call. With cu_seqlens, rows outside every sequence (a padded packing)
+are written as zeros, so ``out`` can feed ``ssd_fwd`` as is (it reads every row of a 64-token block, weighted
+by zero outside the sequence, which a stale NaN or Inf would survive).
 
 No workspace. One CTA per (128 channels, 64 tokens, row): grid rule ``channels/128,seqlen/64,batch``.
 """

@@ -51,7 +51,7 @@ of the call (as for verify). With cu_seqlens, tokens outside every sequence are 
 and a chunk state whose last token is one of them are not written. A non-finite input value in one sequence
 can reach another sequence that shares its 64-token block (the block's products add every row, weighted by
 zero outside the sequence), and so can one in rows outside every sequence: those of x and B must be finite
-(e.g. zeroed; conv1d_fwd does not write them); padding past L is zero-filled and never contributes.
+(conv1d_fwd writes them as zeros); padding past L is zero-filled and never contributes.
 
 No workspace. One CTA per (64 rows of P, head, row or sequence): grid rule ``headdim/64,heads,sequences``.
 """
