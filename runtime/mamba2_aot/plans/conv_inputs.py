@@ -55,19 +55,19 @@ def bind_conv_weights(params: dict, *, conv_weight, conv_bias, activation, chann
     return [conv_weight] + ([conv_bias] if conv_bias is not None else [])
 
 
-def bind_conv_pool(params: dict, conv_state, *, channels: int, width: int, io_dtype: str, name="conv_state") -> int:
+def bind_conv_pool(params: dict, conv_state, *, channels: int, width: int, io_dtype: str) -> int:
     """A conv-state pool (num_slots, channels, width - 1) in the I/O dtype or fp32 (raw inputs, held exactly),
     any strides. Records its pointer and strides; returns num_slots."""
     allowed = tuple(dict.fromkeys((io_dtype, "fp32")))
     expect_dtype(conv_state, allowed)
     expect_rank(conv_state, 3, "(num_slots, channels, width - 1)")
     num_slots = conv_state.shape[0]
-    expect_dim(name, "num_slots (dim 0)", num_slots)
+    expect_dim("conv_state", "num_slots (dim 0)", num_slots)
     expect_shape(conv_state, (num_slots, channels, width - 1), "(num_slots, channels, width - 1) of conv_weight")
     if conv_state.strides[0] == 0 and num_slots > 1:
-        raise StrideError(name, f"{name}: slot stride 0 makes every slot the same memory")
-    params[name] = conv_state.ptr
-    params.update(zip(stride_names(name, "slot", "channel", "tap"), conv_state.strides))
+        raise StrideError("conv_state", "conv_state: slot stride 0 makes every slot the same memory")
+    params["conv_state"] = conv_state.ptr
+    record_strides(params, conv_state, ("slot", "channel", "tap"))
     return num_slots
 
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 from ..errors import InvalidArgumentError, ShapeError
 from ..validation import expect_dim, expect_dtype, expect_rank, expect_shape, record_strides
 
-ROLES = ("initial", "final")
-
 
 def bind_cu_seqlens(params: dict, cu_seqlens, batch: int, rows_name: str) -> int:
     """cu_seqlens (num_seqs + 1,) int32 packing sequences along L of one row (``rows_name``: the array whose
