@@ -83,6 +83,19 @@ def verify_section(v: dict) -> list[str]:
     return lines + [""]
 
 
+def conv_section(c: dict) -> list[str]:
+    s = c["shape"]
+    lines = [f"### fused conv + SSM verify vs the pair: H{s['H']} P{s['P']} N{s['N']} G{s['G']}, conv width {s['K']}, "
+             "bf16 activations and conv pool, fp32 SSM pool", "",
+             "pair = `conv1d_verify` then `verify` on column views of its output; (conv) = the pair's conv alone; "
+             "µs; saving = pair − fused (negative: the fused call is slower).", "",
+             "| batch | mode | T | pair | (conv) | fused | saving |", "|---:|---|---:|---:|---:|---:|---:|"]
+    for r in c["rows"]:
+        lines.append(f"| {r['batch']} | {r['mode']} | {r['T']} | {_us(r['pair_us'])} | {_us(r['conv_us'])} | "
+                     f"{_us(r['fused_us'])} | {_us(r['saving_us'])} |")
+    return lines + [""]
+
+
 def scaling_section(sc: dict) -> list[str]:
     lines = ["### Scaling", "", "ssd_fwd (H64 P64 N128 G1 Q256, ours): cost against the work.", "",
              "| shape | µs | µs per 1k tokens | % of roofline |", "|---|---:|---:|---:|"]
@@ -150,6 +163,8 @@ def main():
             lines += chunk_cumsum_section(d["ssd_chunk_cumsum"])
         if "verify" in d:
             lines += verify_section(d["verify"])
+        if "conv" in d:
+            lines += conv_section(d["conv"])
         if "scaling" in d:
             lines += scaling_section(d["scaling"])
         if "cold_start" in d:
