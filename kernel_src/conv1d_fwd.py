@@ -22,6 +22,7 @@ from cutlass import Float32, Int32
 from kernel_src.abi import bind, cutlass_dtype, i32, ptr, strides
 from kernel_src.conv_window import (ConvViews, conv_output, empty_window, load_weights, load_window,
                                     pool_combination_error, push, store_window)
+from kernel_src.families import expect_constants
 
 CHANNELS_PER_CTA = 128
 TOKENS_PER_CTA = 64
@@ -36,13 +37,7 @@ class Conv1dForward:
     combination_error = staticmethod(pool_combination_error)
 
     def __init__(self, io_dtype: str, pool_dtype: str):
-        for name, value, allowed in (("io_dtype", io_dtype, self.io_dtypes), ("pool_dtype", pool_dtype,
-                                                                               self.pool_dtypes)):
-            if value not in allowed:
-                raise ValueError(f"{name} {value!r} not in {allowed}")
-        error = self.combination_error(io_dtype, pool_dtype)
-        if error:
-            raise ValueError(error)
+        expect_constants(self, io_dtype=io_dtype, pool_dtype=pool_dtype)
         self.io_dtype, self.pool_dtype = io_dtype, pool_dtype
         self.block = (CHANNELS_PER_CTA, 1, 1)
         self.cluster = (1, 1, 1)

@@ -26,6 +26,8 @@ from cutlass import Float32, Int32
 
 from kernel_src.abi import bind, cutlass_dtype, i32, ptr, strides
 from kernel_src.conv_window import ConvViews, last_arrival, pool_combination_error, walk_channel
+from kernel_src.families import expect_constants
+from kernel_src.ssm_math import accepted_rows
 
 CHANNELS_PER_CTA = 128
 
@@ -40,13 +42,7 @@ class Conv1dVerify:
     combination_error = staticmethod(pool_combination_error)
 
     def __init__(self, mode: str, io_dtype: str, pool_dtype: str):
-        for name, value, allowed in (("mode", mode, self.modes), ("io_dtype", io_dtype, self.io_dtypes),
-                                     ("pool_dtype", pool_dtype, self.pool_dtypes)):
-            if value not in allowed:
-                raise ValueError(f"{name} {value!r} not in {allowed}")
-        error = self.combination_error(io_dtype, pool_dtype)
-        if error:
-            raise ValueError(error)
+        expect_constants(self, mode=mode, io_dtype=io_dtype, pool_dtype=pool_dtype)
         self.mode, self.io_dtype, self.pool_dtype = mode, io_dtype, pool_dtype
         self.block = (CHANNELS_PER_CTA, 1, 1)
         self.cluster = (1, 1, 1)
@@ -120,12 +116,11 @@ class Conv1dVerify:
         if valid != 0:
             folds = Int32(0)
             if cutlass.const_expr(compact):
-                pending = cute.math.min(cute.math.max(w_count[slot], Int32(0)), cap)
-                folds = view(a.num_accepted, (a.batch,), a.stride_num_accepted_batch)[b]
-                if folds < 0 or folds > pending:
+                accepted = view(a.num_accepted, (a.batch,), a.stride_num_accepted_batch)[b]
+                folds = accepted_rows(accepted, w_count[slot], cap)
+                if folds != accepted:
                     if counts_rejects:
                         self._count(a)
-                folds = cute.math.min(cute.math.max(folds, Int32(0)), pending)
             if cutlass.const_expr(self.mode == "snapshot"):
                 if counts_rejects:
                     for t in range(T):

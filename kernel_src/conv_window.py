@@ -39,16 +39,22 @@ def empty_window():
 
 
 @cute.jit
-def load_window(taps, width: Int32):
-    """The K-1 values of ``taps`` (a (K-1,) view of one pool slot's channel) as a window."""
-    win = []
-    for j in cutlass.range_constexpr(SLOTS):
-        k = j - (SLOTS - (width - 1))
+def _right_aligned(values, count: Int32, size: cutlass.Constexpr):
+    """The ``count`` values of a view as a tuple of ``size`` fp32 values, right-aligned (zeros before)."""
+    out = []
+    for j in cutlass.range_constexpr(size):
+        k = j - (size - count)
         value = Float32(0.0)
         if k >= 0:
-            value = taps[k].to(Float32)
-        win.append(value)
-    return tuple(win)
+            value = values[k].to(Float32)
+        out.append(value)
+    return tuple(out)
+
+
+@cute.jit
+def load_window(taps, width: Int32):
+    """The K-1 values of ``taps`` (a (K-1,) view of one pool slot's channel) as a window."""
+    return _right_aligned(taps, width - 1, SLOTS)
 
 
 @cute.jit
@@ -68,14 +74,7 @@ def push(win, u):
 @cute.jit
 def load_weights(taps, width: Int32):
     """A channel's K weights (a (K,) view) as MAX_WIDTH values, right-aligned like the window."""
-    weights = []
-    for j in cutlass.range_constexpr(MAX_WIDTH):
-        k = j - (MAX_WIDTH - width)
-        value = Float32(0.0)
-        if k >= 0:
-            value = taps[k].to(Float32)
-        weights.append(value)
-    return tuple(weights)
+    return _right_aligned(taps, width, MAX_WIDTH)
 
 
 @cute.jit

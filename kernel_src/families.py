@@ -17,6 +17,19 @@ FAMILIES = {
 }
 
 
+def expect_constants(kernel, **constants) -> None:
+    """A kernel class's constructor check: each constant among the class's ``<name>s`` values (``headdims``,
+    ``io_dtypes``, ...), and the combination allowed by its optional ``combination_error``. Raises ValueError."""
+    for name, value in constants.items():
+        allowed = getattr(kernel, f"{name}s")
+        if value not in allowed:
+            raise ValueError(f"{name} {value!r} not in {allowed}")
+    check = getattr(kernel, "combination_error", None)
+    error = check(**constants) if check is not None else None
+    if error:
+        raise ValueError(error)
+
+
 def kernel_module_path(family: str) -> str:
     """The source file of a family, relative to the repository root (the build's dependency)."""
     return FAMILIES[family].split(":")[0].replace(".", "/") + ".py"

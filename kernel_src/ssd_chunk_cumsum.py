@@ -17,6 +17,7 @@ import cutlass.cute as cute
 from cutlass import Float32
 
 from kernel_src.abi import bind, f32, i32, ptr, strides
+from kernel_src.families import expect_constants
 from kernel_src.ssm_math import delta_from_dt, warp_inclusive_scan
 
 WARP = 32
@@ -30,10 +31,7 @@ class ChunkCumsum:
     dt_dtypes = ("bf16", "fp16", "fp32")
 
     def __init__(self, chunk_size: int, dt_dtype: str):
-        if chunk_size not in self.chunk_sizes:
-            raise ValueError(f"chunk_size {chunk_size} not in {self.chunk_sizes}")
-        if dt_dtype not in self.dt_dtypes:
-            raise ValueError(f"dt_dtype {dt_dtype!r} not in {self.dt_dtypes}")
+        expect_constants(self, chunk_size=chunk_size, dt_dtype=dt_dtype)
         self.chunk_size = chunk_size
         self.dt_dtype = dt_dtype
         self.block = (HEADS_PER_CTA * WARP, 1, 1)

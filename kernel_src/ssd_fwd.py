@@ -36,6 +36,7 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warp
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
+from kernel_src.families import expect_constants
 from kernel_src.ssm_math import delta_from_dt, silu_approx, warp_inclusive_scan
 
 TILE = 64        # tokens per block: the M and K extent of the intra-block products
@@ -56,11 +57,7 @@ class SsdForward:
     state_dtypes = ("fp32", "bf16", "fp16")
 
     def __init__(self, headdim: int, d_state: int, io_dtype: str, state_dtype: str):
-        for name, value, allowed in (("headdim", headdim, self.headdims), ("d_state", d_state, self.d_states),
-                                     ("io_dtype", io_dtype, self.io_dtypes),
-                                     ("state_dtype", state_dtype, self.state_dtypes)):
-            if value not in allowed:
-                raise ValueError(f"{name} {value!r} not in {allowed}")
+        expect_constants(self, headdim=headdim, d_state=d_state, io_dtype=io_dtype, state_dtype=state_dtype)
         self.headdim, self.d_state, self.io_dtype, self.state_dtype = headdim, d_state, io_dtype, state_dtype
         # Up to N = 128: 4 warps (2 × 2, warp tiles of 32 × 32: half the operand traffic of 16 × 32 tiles) and
         # two CTAs per SM (one CTA's loads and barriers overlap the other's MMAs). N = 256: 8 warps (4 × 2)

@@ -19,6 +19,14 @@ def delta_from_dt(dt: Float32, dt_bias: Float32, dt_softplus: Int32, dt_min: Flo
 
 
 @cute.jit
+def accepted_rows(accepted: Int32, count: Int32, capacity: Int32) -> Int32:
+    """Compact replay: how many pending rows to fold, ``num_accepted`` clamped to [0, the window count] (the count
+    itself clamped to [0, capacity]). A result other than ``accepted`` is a rejected index."""
+    pending = cute.math.min(cute.math.max(count, Int32(0)), capacity)
+    return cute.math.min(cute.math.max(accepted, Int32(0)), pending)
+
+
+@cute.jit
 def warp_inclusive_scan(value: Float32, lane: Int32) -> Float32:
     """Inclusive prefix sum over the 32 lanes of a warp (shuffle-up steps of 1, 2, 4, 8, 16)."""
     for level in cutlass.range_constexpr(5):

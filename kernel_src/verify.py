@@ -41,7 +41,8 @@ from cutlass import Float32, Int32
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
 from kernel_src.conv_window import ConvViews, last_arrival, stage_rows, walk_channel
-from kernel_src.ssm_math import delta_from_dt, silu
+from kernel_src.families import expect_constants
+from kernel_src.ssm_math import accepted_rows, delta_from_dt, silu
 
 WARP = 32
 # State values a lane keeps in registers (rows_per_warp × N / 32) and warps per CTA: larger states take
@@ -72,15 +73,8 @@ class Verify:
         return None
 
     def __init__(self, mode: str, headdim: int, d_state: int, io_dtype: str, pool_dtype: str, conv_dtype: str):
-        for name, value, allowed in (("mode", mode, self.modes), ("headdim", headdim, self.headdims),
-                                     ("d_state", d_state, self.d_states), ("io_dtype", io_dtype, self.io_dtypes),
-                                     ("pool_dtype", pool_dtype, self.pool_dtypes),
-                                     ("conv_dtype", conv_dtype, self.conv_dtypes)):
-            if value not in allowed:
-                raise ValueError(f"{name} {value!r} not in {allowed}")
-        error = self.combination_error(io_dtype, conv_dtype)
-        if error:
-            raise ValueError(error)
+        expect_constants(self, mode=mode, headdim=headdim, d_state=d_state, io_dtype=io_dtype, pool_dtype=pool_dtype,
+                         conv_dtype=conv_dtype)
         self.mode, self.headdim, self.d_state = mode, headdim, d_state
         self.io_dtype, self.pool_dtype, self.conv_dtype = io_dtype, pool_dtype, conv_dtype
         self.fused = conv_dtype != "none"
@@ -203,15 +197,9 @@ class Verify:
             smem = cutlass.utils.SmemAllocator()
             sConv = smem.allocate_tensor(io_type, cute.make_layout((STAGED_ROWS, self.conv_row),
                                                                     stride=(self.conv_row, 1)), 16)
-            # [0]: the tickets' flag; [1], [2]: the request's slot and the head's group, read back after the token
-            # loop instead of being kept in registers through it (registers are what limits the CTAs per SM)
-            meta = smem.allocate_tensor(Int32, cute.make_layout((3,)), 16)
+            flag = smem.allocate_tensor(Int32, cute.make_layout((1,)), 16)   # the tickets'
 
         slot = view(a.state_indices, (a.batch,), a.stride_state_indices_batch)[b]
-        if cutlass.const_expr(self.fused):
-            if tid == 0:
-                meta[1] = slot   # visible to every thread after the conv staging's barriers
-                meta[2] = g
         valid = Int32(0)
         if slot >= 0:
             if slot < a.num_slots:
@@ -222,13 +210,13 @@ class Verify:
         conv_folds = Int32(0)   # the conv's own clamp (by its window count), as conv1d_verify's in the pair
         if cutlass.const_expr(compact):
             if valid != 0:
-                pending = cute.math.min(cute.math.max(w_count[slot, h], Int32(0)), cap)
                 accepted = view(a.num_accepted, (a.batch,), a.stride_num_accepted_batch)[b]
-                if accepted < 0 or accepted > pending:
+                folds = accepted_rows(accepted, w_count[slot, h], cap)
+                if folds != accepted:
                     self._count(a, h, tid)
-                folds = cute.math.min(cute.math.max(accepted, Int32(0)), pending)
                 if cutlass.const_expr(self.fused):
-                    conv_folds = self._conv_folds(a, b, slot)
+                    conv_count = view(a.conv_window_count, (a.num_slots,), a.stride_conv_window_count_slot)[slot]
+                    conv_folds = accepted_rows(accepted, conv_count, cap)
 
         st = cute.make_rmem_tensor((R, V), Float32)
         # One token's inputs. (Prefetching the next token's into a second set measured slower: the extra
@@ -317,7 +305,7 @@ class Verify:
                     w_count[slot, h] = T
         if cutlass.const_expr(self.fused):
             if valid != 0:
-                self._conv_bookkeeping(a, cv, meta, tid)
+                self._conv_bookkeeping(a, cv, flag, b, slot, conv_folds, h, g, tid)
 
     def _token_buffers(self, io_type):
         """Registers for one token's inputs: x (R), B (V), C (V), dt (1), in the I/O dtype."""
@@ -363,30 +351,14 @@ class Verify:
         cute.arch.sync_threads()
 
     @cute.jit
-    def _conv_folds(self, a, b, slot):
-        """Compact mode: the pending conv rows to fold, num_accepted clamped by the conv window count (as
-        conv1d_verify clamps it in the pair)."""
-        pending = cute.make_tensor(a.conv_window_count, cute.make_layout(
-            (a.num_slots,), stride=(a.stride_conv_window_count_slot,)))[slot]
-        pending = cute.math.min(cute.math.max(pending, Int32(0)), a.window_capacity)
-        accepted = cute.make_tensor(a.num_accepted, cute.make_layout((a.batch,), stride=(a.stride_num_accepted_batch,)))[b]
-        return cute.math.min(cute.math.max(accepted, Int32(0)), pending)
-
-    @cute.jit
-    def _conv_bookkeeping(self, a, cv, meta, tid):
+    def _conv_bookkeeping(self, a, cv, flag, b, slot, folds, h, g, tid):
         """Write the fused conv's pool and window record as conv1d_verify would: this head's x channels now
         (only this CTA reads them); a group's B and C channels by the last of its heads to arrive (ticket
         [slot, g]); in compact mode the window count, which every head reads, by the last group to finish
         (ticket [slot, G])."""
         conv_type, io_type = cutlass_dtype(self.conv_dtype), cutlass_dtype(self.io_dtype)
         P, N, threads = self.headdim, self.d_state, self.num_warps * WARP
-        h, b, _ = cute.arch.block_idx()
         G = a.nheads // a.heads_per_group
-        slot, g = meta[1], meta[2]
-        flag = meta[None]   # last_arrival's flag is element 0
-        folds = Int32(0)
-        if cutlass.const_expr(self.mode == "compact"):
-            folds = self._conv_folds(a, b, slot)   # the count is written only after this CTA's ticket
         cute.arch.sync_threads()   # every warp has read this head's conv inputs
         for c in cutlass.range(h * P + tid, h * P + P, threads, unroll=1):
             walk_channel(cv, self.mode, b, slot, c, folds, a.seqlen, conv_type, io_type)
