@@ -37,15 +37,13 @@ from cutlass.cute.nvgpu import cpasync, warp
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
 from kernel_src.families import expect_constants
-from kernel_src.ssm_math import delta_from_dt, silu_approx, warp_inclusive_scan
+from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, block_cumsum, mask_bit, mn_view,
+                                  next_change, scale_row, smem_layout, store_pairs, transposed)
+from kernel_src.ssm_math import delta_from_dt, silu_approx
 
-TILE = 64        # tokens per block: the M and K extent of the intra-block products
 P_TILE = 64      # head-dim rows per CTA
 LOG2_E = math.log2(math.e)
-VECTOR = 8       # 16-byte cp.async of 16-bit elements: the runtime checks strides and bases for it
-SMEM_ALIGN = 128
 Y_STRIDE = P_TILE + 4   # fp32 row pitch of the staged outputs: fewer bank conflicts on the fragment writes
-CHUNK = 8        # elements per 16-byte shared-memory vector
 
 
 class SsdForward:
@@ -161,17 +159,17 @@ class SsdForward:
             seq = Int32(0)  # sequences of a seq_idx row are numbered from 0 (the runtime allows states only at B == 1)
 
         storage = cutlass.utils.SmemAllocator().allocate(self._shared_storage(io_type))
-        sX = storage.x.get_tensor(_smem_layout((TILE, P_TILE)))
-        sZ = storage.z.get_tensor(_smem_layout((TILE, P_TILE)))
-        sB = storage.B.get_tensor(_smem_layout((TILE, N)))
-        sC = storage.C.get_tensor(_smem_layout((TILE, N)))
+        sX = storage.x.get_tensor(smem_layout((TILE, P_TILE)))
+        sZ = storage.z.get_tensor(smem_layout((TILE, P_TILE)))
+        sB = storage.B.get_tensor(smem_layout((TILE, N)))
+        sC = storage.C.get_tensor(smem_layout((TILE, N)))
         operands = cute.recast_ptr(storage.scratch.data_ptr(), dtype=io_type)
-        sS = cute.make_tensor(operands, _smem_layout((TILE, TILE)))
-        sXw = cute.make_tensor(operands + TILE * TILE, _smem_layout((TILE, P_TILE)))
-        sCe = cute.make_tensor(operands + TILE * (TILE + P_TILE), _smem_layout((TILE, N)))
+        sS = cute.make_tensor(operands, smem_layout((TILE, TILE)))
+        sXw = cute.make_tensor(operands + TILE * TILE, smem_layout((TILE, P_TILE)))
+        sCe = cute.make_tensor(operands + TILE * (TILE + P_TILE), smem_layout((TILE, N)))
         sY = storage.scratch.get_tensor(cute.make_layout((TILE, P_TILE), stride=(Y_STRIDE, 1)))
         sD = storage.D.get_tensor(cute.make_layout((P_TILE,)))
-        sH = storage.h.get_tensor(_smem_layout((P_TILE, N)))
+        sH = storage.h.get_tensor(smem_layout((P_TILE, N)))
         sDelta = storage.delta.get_tensor(cute.make_layout((TILE,)))
         sCs = storage.cs.get_tensor(cute.make_layout((TILE,)))
         sChanges = storage.changes.get_tensor(cute.make_layout((2,)))
@@ -239,8 +237,8 @@ class SsdForward:
             seg = cute.math.max(start, block_start) - block_start
             seg_stop = cute.math.min(end, block_start + TILE) - block_start
             while seg < seg_stop:
-                seg_end = cute.math.min(_next_change(changes_lo, changes_hi, seg), seg_stop)
-                if _bit(changes_lo, changes_hi, seg) != 0:
+                seg_end = cute.math.min(next_change(changes_lo, changes_hi, seg), seg_stop)
+                if mask_bit(changes_lo, changes_hi, seg) != 0:
                     self._end_sequence(a, states, mma, acc_h, seq, h, p0, state_type)
                     seq = seq + 1
                     self._begin_sequence(a, states, mma, acc_h, sH, seq, h, p0, io_type)
@@ -332,14 +330,7 @@ class SsdForward:
         if tok1 >= start:
             if tok1 < end:
                 d1 = delta_from_dt(dt1, bias, a.dt_softplus, a.dt_min, a.dt_max)
-        term0 = d0 * A_log2
-        term1 = d1 * A_log2
-        c0 = warp_inclusive_scan(term0, lane)
-        c1 = warp_inclusive_scan(term1, lane) + cute.arch.shuffle_sync(c0, 31)
-        # The tree scan adds in a different order on every lane, so across a run of Δ = 0 the cumsums could
-        # differ by rounding, and 2^(cs_t - cs_s) would not be exactly 1 there (with |Δ·A| ~ 1e6 the error is
-        # ~2^3). Each row therefore takes the cumsum of the last row at or before it whose Δ·A is non-zero.
-        c0, c1 = _hold_over_zero_runs(c0, c1, term0 != Float32(0.0), term1 != Float32(0.0), lane)
+        c0, c1 = block_cumsum(d0, d1, A_log2, lane)
         sDelta[lane] = d0
         sDelta[lane + 32] = d1
         sCs[lane] = c0
@@ -385,9 +376,9 @@ class SsdForward:
         acc_s = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
         acc_s.fill(0.0)
         mma.gemm(acc_s, sC, sB, N // 16)
-        S = _mn_view(acc_s)
-        S_coords = _mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, TILE))))
-        S_smem = _mn_view(mma.thr.partition_C(sS))
+        S = mn_view(acc_s)
+        S_coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, TILE))))
+        S_smem = mn_view(mma.thr.partition_C(sS))
         cols = cute.size(S, mode=[1])
         cs_cols = cute.make_rmem_tensor((cols,), Float32)
         delta_cols = cute.make_rmem_tensor((cols,), Float32)
@@ -404,7 +395,7 @@ class SsdForward:
                 decay = cute.math.exp2(cute.math.min(cs_i - cs_cols[c], zero), fastmath=True)
                 keep = in_rows & (j <= i)
                 S[r, c] = Float32(cutlass.select_(keep, S[r, c] * decay * delta_cols[c], zero))
-        _store_pairs(S, S_smem, io_type)
+        store_pairs(S, S_smem, io_type)
 
         # row-wise, 16-byte vectors: e_s C_s, and Δ_s 2^(cs_end - cs_s) x_s (zero outside the segment)
         per_row = self.threads // TILE
@@ -415,25 +406,25 @@ class SsdForward:
         in_segment = (s >= s0) & (s < s1)
         weight = Float32(cutlass.select_(in_segment, cute.math.exp2(cute.math.min(cs_end - cs_s, zero),
                                                                     fastmath=True) * sDelta[s], zero))
-        _scale_row(sC, sCe, s, part, per_row, row_decay, io_type)
-        _scale_row(sX, sXw, s, part, per_row, weight, io_type)
+        scale_row(sC, sCe, s, part, per_row, row_decay, io_type)
+        scale_row(sX, sXw, s, part, per_row, weight, io_type)
         cute.arch.sync_threads()  # S, e ⊙ C and the weighted x are complete
 
         acc_y = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P_TILE)), Float32)
         acc_y.fill(0.0)
-        mma.gemm(acc_y, sS, _transposed(sX, TILE, P_TILE), TILE // 16, b_transposed=True)
+        mma.gemm(acc_y, sS, transposed(sX, TILE, P_TILE), TILE // 16, b_transposed=True)
         mma.gemm(acc_y, sCe, sH, N // 16)
         state_decay = cute.math.exp2(cute.math.min(cs_end - base, zero), fastmath=True)
         for e in cutlass.range_constexpr(cute.size(acc_h)):
             acc_h[e] = acc_h[e] * state_decay
-        mma.gemm(acc_h, _transposed(sXw, TILE, P_TILE), _transposed(sB, TILE, N), TILE // 16,
+        mma.gemm(acc_h, transposed(sXw, TILE, P_TILE), transposed(sB, TILE, N), TILE // 16,
                  a_transposed=True, b_transposed=True)
         cute.arch.sync_threads()  # every warp done reading the scratch operands and h₀
 
         # y (over the scratch) and h₀ of the next segment to shared memory, then the row-wise output pass
-        Y = _mn_view(acc_y)
-        _store_pairs(Y, _mn_view(mma.thr.partition_C(sY)), Float32)
-        _store_pairs(_mn_view(acc_h), _mn_view(mma.thr.partition_C(sH)), io_type)
+        Y = mn_view(acc_y)
+        store_pairs(Y, mn_view(mma.thr.partition_C(sY)), Float32)
+        store_pairs(mn_view(acc_h), mn_view(mma.thr.partition_C(sH)), io_type)
         cute.arch.sync_threads()
         self._store_rows(a, sY, sX, sZ, sD, out, row, h, ptile, block_start, s0, s1, tid, io_type)
 
@@ -516,146 +507,3 @@ class StateViews:
     def __init__(self, initial, initial_indices, final, final_indices, chunks):
         self.initial, self.initial_indices = initial, initial_indices
         self.final, self.final_indices, self.chunks = final, final_indices, chunks
-
-
-class MmaParts:
-    """A tiled warp MMA with its ldmatrix copies: ``gemm`` runs acc += A·Bᵀ over K from two shared tiles."""
-
-    def __init__(self, tiled_mma, tid, io_type):
-        self.tiled = tiled_mma
-        self.thr = tiled_mma.get_slice(tid)
-        self.tid = tid
-        ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), io_type)
-        ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), io_type)
-        self.copy_A = cute.make_tiled_copy_A(ldsm, tiled_mma)
-        self.copy_At = cute.make_tiled_copy_A(ldsm_t, tiled_mma)
-        self.copy_B = cute.make_tiled_copy_B(ldsm, tiled_mma)
-        self.copy_Bt = cute.make_tiled_copy_B(ldsm_t, tiled_mma)
-
-    def _operand(self, copy, smem, fragment):
-        thr = copy.get_slice(self.tid)
-        return thr.partition_S(smem), thr.retile(fragment)
-
-    @cute.jit
-    def gemm(self, acc, sA, sB, k_blocks: cutlass.Constexpr, a_transposed: cutlass.Constexpr = False,
-             b_transposed: cutlass.Constexpr = False):
-        """acc (M × N) += sA (M × K) · sB (N × K)ᵀ from K-contiguous tiles, or from transposed views of
-        M- / N-contiguous ones (read with transposing ldmatrix) when asked."""
-        copy_A = self.copy_At if a_transposed else self.copy_A
-        copy_B = self.copy_Bt if b_transposed else self.copy_B
-        frag_A = self.thr.make_fragment_A(self.thr.partition_A(sA))
-        frag_B = self.thr.make_fragment_B(self.thr.partition_B(sB))
-        src_A, dst_A = self._operand(copy_A, sA, frag_A)
-        src_B, dst_B = self._operand(copy_B, sB, frag_B)
-        for k in cutlass.range_constexpr(k_blocks):
-            cute.copy(copy_A, src_A[None, None, k], dst_A[None, None, k])
-            cute.copy(copy_B, src_B[None, None, k], dst_B[None, None, k])
-            cute.gemm(self.tiled, acc, frag_A[None, None, k], frag_B[None, None, k], acc)
-
-
-def _smem_layout(shape):
-    """Rows of 64 16-bit elements (128 B) with the 3-bit swizzle ldmatrix reads without bank conflicts."""
-    atom = cute.make_composed_layout(cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1)))
-    return cute.tile_to_shape(atom, shape, tuple(range(len(shape))))
-
-
-@cute.jit
-def _scale_row(src, dst, s, part, per_row: cutlass.Constexpr, factor: Float32, io_type: cutlass.Constexpr):
-    """dst[s, cols] = src[s, cols] · factor for this thread's share of row s, 8 elements (16 bytes) at a time."""
-    chunks = cute.size(src, mode=[1]) // CHUNK
-    src_row = cute.zipped_divide(src[s, None], (CHUNK,))
-    dst_row = cute.zipped_divide(dst[s, None], (CHUNK,))
-    for k in cutlass.range_constexpr(chunks // per_row):
-        chunk = part * (chunks // per_row) + k
-        values = src_row[None, chunk].load().to(Float32) * factor
-        dst_row[None, chunk].store(values.to(io_type))
-
-
-@cute.jit
-def _store_pairs(frag, smem, dtype: cutlass.Constexpr):
-    """A fragment (rows, columns view) into its shared tile in ``dtype``: each thread's two adjacent columns
-    (an MMA accumulator pair) as one store."""
-    pair = cute.make_rmem_tensor((2,), dtype)
-    for r in cutlass.range_constexpr(cute.size(frag, mode=[0])):
-        for n in cutlass.range_constexpr(cute.size(frag, mode=[1]) // 2):
-            pair[0] = frag[r, (0, n)].to(dtype)
-            pair[1] = frag[r, (1, n)].to(dtype)
-            smem[r, (None, n)].store(pair.load())
-
-
-def _mn_view(acc):
-    """An MMA accumulator (or its partition of a tile) as (rows, columns) of the thread's fragment
-    (the view the CuTe DSL flash-attention example uses): ((2, MMA_M), (2, MMA_N))."""
-    shape = cute.make_layout(acc.layout.shape)
-    rows_cols = cute.make_layout(((shape.shape[0][1], shape.shape[1]), (shape.shape[0][0], shape.shape[2])),
-                                 stride=((shape.stride[0][1], shape.stride[1]), (shape.stride[0][0], shape.stride[2])))
-    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, rows_cols))
-
-
-def _transposed(tile, rows, cols):
-    """The (cols, rows) view of a (rows, cols) shared tile (read with transposing ldmatrix)."""
-    return cute.composition(tile, cute.make_layout((cols, rows), stride=(rows, 1)))
-
-
-@cute.jit
-def _bit(lo: Int32, hi: Int32, pos: Int32) -> Int32:
-    """Bit ``pos`` (0..63) of the 64-bit mask (lo, hi)."""
-    word = lo
-    shift = pos
-    if pos >= 32:
-        word = hi
-        shift = pos - 32
-    return (word >> shift) & Int32(1)
-
-
-@cute.jit
-def _next_change(lo: Int32, hi: Int32, pos: Int32) -> Int32:
-    """The first set bit above ``pos`` in the 64-bit mask (lo, hi), or TILE if none."""
-    above_lo = Int32(0)
-    above_hi = hi
-    if pos < 31:
-        above_lo = lo & ~((Int32(2) << pos) - Int32(1))
-    if pos >= 32:
-        above_hi = Int32(0)
-        if pos < 63:
-            above_hi = hi & ~((Int32(2) << (pos - 32)) - Int32(1))
-    result = Int32(TILE)
-    if above_hi != 0:
-        result = Int32(32) + Int32(cute.arch.clz(cute.arch.brev(above_hi)))
-    if above_lo != 0:
-        result = Int32(cute.arch.clz(cute.arch.brev(above_lo)))
-    return result
-
-
-@cute.jit
-def _hold_over_zero_runs(c0: Float32, c1: Float32, nonzero0, nonzero1, lane: Int32):
-    """Rows lane and lane + 32 of a block cumsum: each row takes the value of the last row at or before it
-    with a non-zero term (0 when there is none), so that rows separated only by zero terms hold bitwise
-    equal cumsums."""
-    mask0 = Int32(cute.arch.vote_ballot_sync(nonzero0))
-    mask1 = Int32(cute.arch.vote_ballot_sync(nonzero1))
-    upto = Int32(-1)  # rows <= lane within a half
-    if lane < 31:
-        upto = (Int32(2) << lane) - Int32(1)
-    own0 = mask0 & upto
-    own1 = mask1 & upto
-    src0 = Int32(0)
-    src1 = Int32(0)
-    if own0 != 0:
-        src0 = Int32(31) - Int32(cute.arch.clz(own0))
-    if own1 != 0:
-        src1 = Int32(31) - Int32(cute.arch.clz(own1))
-    elif mask0 != 0:
-        src1 = Int32(31) - Int32(cute.arch.clz(mask0))
-    from_first0 = cute.arch.shuffle_sync(c0, src0)
-    from_first1 = cute.arch.shuffle_sync(c0, src1)
-    from_second1 = cute.arch.shuffle_sync(c1, src1)
-    held0 = Float32(0.0)
-    held1 = Float32(0.0)
-    if own0 != 0:
-        held0 = from_first0
-    if own1 != 0:
-        held1 = from_second1
-    elif mask0 != 0:
-        held1 = from_first1
-    return held0, held1

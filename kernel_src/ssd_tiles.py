@@ -1,0 +1,172 @@
+"""Tile mechanism shared by the SSD kernels (ssd_fwd, ssd_bwd_dstates, ssd_bwd_chunk): 64-token blocks in
+swizzled shared tiles, a tiled warp MMA read with ldmatrix, fragment views and stores, and the 64-bit row masks
+that split a block at sequence boundaries."""
+
+# (no "from __future__ import annotations": the DSL reads annotations as live objects)
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import warp
+
+from kernel_src.ssm_math import warp_inclusive_scan
+
+TILE = 64        # tokens per block: the M and K extent of the intra-block products
+VECTOR = 8       # 16-byte cp.async of 16-bit elements: the runtime checks strides and bases for it
+SMEM_ALIGN = 128
+CHUNK = 8        # elements per 16-byte shared-memory vector
+
+
+class MmaParts:
+    """A tiled warp MMA with its ldmatrix copies: ``gemm`` runs acc += A·Bᵀ over K from two shared tiles."""
+
+    def __init__(self, tiled_mma, tid, io_type):
+        self.tiled = tiled_mma
+        self.thr = tiled_mma.get_slice(tid)
+        self.tid = tid
+        ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), io_type)
+        ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), io_type)
+        self.copy_A = cute.make_tiled_copy_A(ldsm, tiled_mma)
+        self.copy_At = cute.make_tiled_copy_A(ldsm_t, tiled_mma)
+        self.copy_B = cute.make_tiled_copy_B(ldsm, tiled_mma)
+        self.copy_Bt = cute.make_tiled_copy_B(ldsm_t, tiled_mma)
+
+    def _operand(self, copy, smem, fragment):
+        thr = copy.get_slice(self.tid)
+        return thr.partition_S(smem), thr.retile(fragment)
+
+    @cute.jit
+    def gemm(self, acc, sA, sB, k_blocks: cutlass.Constexpr, a_transposed: cutlass.Constexpr = False,
+             b_transposed: cutlass.Constexpr = False):
+        """acc (M × N) += sA (M × K) · sB (N × K)ᵀ from K-contiguous tiles, or from transposed views of
+        M- / N-contiguous ones (read with transposing ldmatrix) when asked."""
+        copy_A = self.copy_At if a_transposed else self.copy_A
+        copy_B = self.copy_Bt if b_transposed else self.copy_B
+        frag_A = self.thr.make_fragment_A(self.thr.partition_A(sA))
+        frag_B = self.thr.make_fragment_B(self.thr.partition_B(sB))
+        src_A, dst_A = self._operand(copy_A, sA, frag_A)
+        src_B, dst_B = self._operand(copy_B, sB, frag_B)
+        for k in cutlass.range_constexpr(k_blocks):
+            cute.copy(copy_A, src_A[None, None, k], dst_A[None, None, k])
+            cute.copy(copy_B, src_B[None, None, k], dst_B[None, None, k])
+            cute.gemm(self.tiled, acc, frag_A[None, None, k], frag_B[None, None, k], acc)
+
+
+def smem_layout(shape):
+    """Rows of 64 16-bit elements (128 B) with the 3-bit swizzle ldmatrix reads without bank conflicts."""
+    atom = cute.make_composed_layout(cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1)))
+    return cute.tile_to_shape(atom, shape, tuple(range(len(shape))))
+
+
+@cute.jit
+def scale_row(src, dst, s, part, per_row: cutlass.Constexpr, factor: Float32, io_type: cutlass.Constexpr):
+    """dst[s, cols] = src[s, cols] · factor for this thread's share of row s, 8 elements (16 bytes) at a time."""
+    chunks = cute.size(src, mode=[1]) // CHUNK
+    src_row = cute.zipped_divide(src[s, None], (CHUNK,))
+    dst_row = cute.zipped_divide(dst[s, None], (CHUNK,))
+    for k in cutlass.range_constexpr(chunks // per_row):
+        chunk = part * (chunks // per_row) + k
+        values = src_row[None, chunk].load().to(Float32) * factor
+        dst_row[None, chunk].store(values.to(io_type))
+
+
+@cute.jit
+def store_pairs(frag, smem, dtype: cutlass.Constexpr):
+    """A fragment (rows, columns view) into its shared tile in ``dtype``: each thread's two adjacent columns
+    (an MMA accumulator pair) as one store."""
+    pair = cute.make_rmem_tensor((2,), dtype)
+    for r in cutlass.range_constexpr(cute.size(frag, mode=[0])):
+        for n in cutlass.range_constexpr(cute.size(frag, mode=[1]) // 2):
+            pair[0] = frag[r, (0, n)].to(dtype)
+            pair[1] = frag[r, (1, n)].to(dtype)
+            smem[r, (None, n)].store(pair.load())
+
+
+def mn_view(acc):
+    """An MMA accumulator (or its partition of a tile) as (rows, columns) of the thread's fragment
+    (the view the CuTe DSL flash-attention example uses): ((2, MMA_M), (2, MMA_N))."""
+    shape = cute.make_layout(acc.layout.shape)
+    rows_cols = cute.make_layout(((shape.shape[0][1], shape.shape[1]), (shape.shape[0][0], shape.shape[2])),
+                                 stride=((shape.stride[0][1], shape.stride[1]), (shape.stride[0][0], shape.stride[2])))
+    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, rows_cols))
+
+
+def transposed(tile, rows, cols):
+    """The (cols, rows) view of a (rows, cols) shared tile (read with transposing ldmatrix)."""
+    return cute.composition(tile, cute.make_layout((cols, rows), stride=(rows, 1)))
+
+
+@cute.jit
+def mask_bit(lo: Int32, hi: Int32, pos: Int32) -> Int32:
+    """Bit ``pos`` (0..63) of the 64-bit mask (lo, hi)."""
+    word = lo
+    shift = pos
+    if pos >= 32:
+        word = hi
+        shift = pos - 32
+    return (word >> shift) & Int32(1)
+
+
+@cute.jit
+def next_change(lo: Int32, hi: Int32, pos: Int32) -> Int32:
+    """The first set bit above ``pos`` in the 64-bit mask (lo, hi), or TILE if none."""
+    above_lo = Int32(0)
+    above_hi = hi
+    if pos < 31:
+        above_lo = lo & ~((Int32(2) << pos) - Int32(1))
+    if pos >= 32:
+        above_hi = Int32(0)
+        if pos < 63:
+            above_hi = hi & ~((Int32(2) << (pos - 32)) - Int32(1))
+    result = Int32(TILE)
+    if above_hi != 0:
+        result = Int32(32) + Int32(cute.arch.clz(cute.arch.brev(above_hi)))
+    if above_lo != 0:
+        result = Int32(cute.arch.clz(cute.arch.brev(above_lo)))
+    return result
+
+
+@cute.jit
+def block_cumsum(d0: Float32, d1: Float32, A_log2: Float32, lane: Int32):
+    """Warp: the inclusive cumsum of Δ·A·log2(e) over a 64-row block whose rows lane and lane + 32 hold Δ d0, d1."""
+    term0 = d0 * A_log2
+    term1 = d1 * A_log2
+    c0 = warp_inclusive_scan(term0, lane)
+    c1 = warp_inclusive_scan(term1, lane) + cute.arch.shuffle_sync(c0, 31)
+    # The tree scan adds in a different order on every lane, so across a run of Δ = 0 the cumsums could
+    # differ by rounding, and 2^(cs_t - cs_s) would not be exactly 1 there (with |Δ·A| ~ 1e6 the error is
+    # ~2^3). Each row therefore takes the cumsum of the last row at or before it whose Δ·A is non-zero.
+    return hold_over_zero_runs(c0, c1, term0 != Float32(0.0), term1 != Float32(0.0), lane)
+
+
+@cute.jit
+def hold_over_zero_runs(c0: Float32, c1: Float32, nonzero0, nonzero1, lane: Int32):
+    """Rows lane and lane + 32 of a block cumsum: each row takes the value of the last row at or before it
+    with a non-zero term (0 when there is none), so that rows separated only by zero terms hold bitwise
+    equal cumsums."""
+    mask0 = Int32(cute.arch.vote_ballot_sync(nonzero0))
+    mask1 = Int32(cute.arch.vote_ballot_sync(nonzero1))
+    upto = Int32(-1)  # rows <= lane within a half
+    if lane < 31:
+        upto = (Int32(2) << lane) - Int32(1)
+    own0 = mask0 & upto
+    own1 = mask1 & upto
+    src0 = Int32(0)
+    src1 = Int32(0)
+    if own0 != 0:
+        src0 = Int32(31) - Int32(cute.arch.clz(own0))
+    if own1 != 0:
+        src1 = Int32(31) - Int32(cute.arch.clz(own1))
+    elif mask0 != 0:
+        src1 = Int32(31) - Int32(cute.arch.clz(mask0))
+    from_first0 = cute.arch.shuffle_sync(c0, src0)
+    from_first1 = cute.arch.shuffle_sync(c0, src1)
+    from_second1 = cute.arch.shuffle_sync(c1, src1)
+    held0 = Float32(0.0)
+    held1 = Float32(0.0)
+    if own0 != 0:
+        held0 = from_first0
+    if own1 != 0:
+        held1 = from_second1
+    elif mask0 != 0:
+        held1 = from_first1
+    return held0, held1
