@@ -11,6 +11,9 @@ import itertools
 FAMILIES = {
     "conv1d_fwd": "kernel_src.conv1d_fwd:Conv1dForward",
     "conv1d_verify": "kernel_src.conv1d_verify:Conv1dVerify",
+    "ssd_bwd_chunk": "kernel_src.ssd_bwd_chunk:SsdBackwardChunk",
+    "ssd_bwd_dstates": "kernel_src.ssd_bwd_dstates:SsdBackwardStates",
+    "ssd_bwd_reduce": "kernel_src.ssd_bwd_reduce:SsdBackwardReduce",
     "ssd_chunk_cumsum": "kernel_src.ssd_chunk_cumsum:ChunkCumsum",
     "ssd_fwd": "kernel_src.ssd_fwd:SsdForward",
     "verify": "kernel_src.verify:Verify",
@@ -31,8 +34,27 @@ def expect_constants(kernel, **constants) -> None:
 
 
 def kernel_module_path(family: str) -> str:
-    """The source file of a family, relative to the repository root (the build's dependency)."""
+    """The source file of a family, relative to the repository root."""
     return FAMILIES[family].split(":")[0].replace(".", "/") + ".py"
+
+
+def kernel_sources(family: str) -> list[str]:
+    """The family's source file and every kernel_src module it imports, directly or not (the build's
+    dependencies: a change to a shared device helper rebuilds every family that uses it)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    found, pending = [], [kernel_module_path(family)]
+    while pending:
+        path = pending.pop()
+        if path in found:
+            continue
+        found.append(path)
+        for node in ast.walk(ast.parse((root / path).read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kernel_src."):
+                pending.append(node.module.replace(".", "/") + ".py")
+    return sorted(found)
 
 
 def kernel_class(family: str):

@@ -33,12 +33,13 @@ import math
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
-from cutlass.cute.nvgpu import cpasync, warp
+from cutlass.cute.nvgpu import warp
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
 from kernel_src.families import expect_constants
-from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, block_cumsum, mask_bit, mn_view,
-                                  next_change, scale_row, smem_layout, store_pairs, transposed)
+from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, async_tile_copy, block_cumsum, load_tile,
+                                  mask_bit, mn_view, next_change, scale_row, smem_layout, store_pairs, store_state,
+                                  transposed)
 from kernel_src.ssm_math import delta_from_dt, silu_approx
 
 P_TILE = 64      # head-dim rows per CTA
@@ -178,10 +179,7 @@ class SsdForward:
         tiled_mma = cute.make_tiled_mma(warp.MmaF16BF16Op(io_type, Float32, (16, 8, 16)), cute.make_layout((wm, wn, 1)),
                                         permutation_mnk=(wm * 16, wn * 16, 16))
         mma = MmaParts(tiled_mma, tid, io_type)
-        g2s = cute.make_tiled_copy_tv(
-            cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), io_type,
-                                num_bits_per_copy=128),
-            cute.make_layout((self.threads // 8, 8), stride=(8, 1)), cute.make_layout((1, VECTOR)))
+        g2s = async_tile_copy(io_type, self.threads)
         gx = x[row, None, h, None]
         gz = z[row, None, h, None]
         gB = Bm[row, None, g, None]
@@ -251,7 +249,7 @@ class SsdForward:
                 last = block_start + seg_stop - 1
                 chunk = last // a.chunk_size
                 if last == cute.math.min(chunk * a.chunk_size + a.chunk_size - 1, L - 1):
-                    self._store_state(states.chunks[row, chunk, h, None, None], mma, acc_h, p0, Float32)
+                    store_state(states.chunks[row, chunk, h, None, None], mma, acc_h, p0, Float32)
 
         self._end_sequence(a, states, mma, acc_h, seq, h, p0, state_type)
 
@@ -279,23 +277,12 @@ class SsdForward:
         rows past L become zeros."""
         g2s, tid, gx, gz, gB, gC, ident_x, ident_BC, sX, sZ, sB, sC, ptile, L = tiles
         thr = g2s.get_slice(tid)
-        self._load_tile(g2s, thr, gx, ident_x, sX, (TILE, P_TILE), (blk, ptile), L)
+        load_tile(g2s, thr, gx, ident_x, sX, (TILE, P_TILE), (blk, ptile), L)
         if a.has_z != 0:
-            self._load_tile(g2s, thr, gz, ident_x, sZ, (TILE, P_TILE), (blk, ptile), L)
-        self._load_tile(g2s, thr, gB, ident_BC, sB, (TILE, self.d_state), (blk, 0), L)
-        self._load_tile(g2s, thr, gC, ident_BC, sC, (TILE, self.d_state), (blk, 0), L)
+            load_tile(g2s, thr, gz, ident_x, sZ, (TILE, P_TILE), (blk, ptile), L)
+        load_tile(g2s, thr, gB, ident_BC, sB, (TILE, self.d_state), (blk, 0), L)
+        load_tile(g2s, thr, gC, ident_BC, sC, (TILE, self.d_state), (blk, 0), L)
         cute.arch.cp_async_commit_group()
-
-    @cute.jit
-    def _load_tile(self, g2s, thr, src, ident, dst, tile, coord, L):
-        src_part = thr.partition_S(cute.local_tile(src, tile, coord))
-        coords = thr.partition_S(cute.local_tile(ident, tile, coord))
-        dst_part = thr.partition_D(dst)
-        for m in cutlass.range_constexpr(cute.size(dst_part.shape[1])):
-            if cute.elem_less(coords[0, m, 0][0], L):
-                cute.copy(g2s, src_part[None, m, None], dst_part[None, m, None])
-            else:
-                dst_part[None, m, None].fill(0)
 
     @cute.jit
     def _load_raw(self, a, dt, seq_idx, row, h, blk, lane, L):
@@ -491,14 +478,7 @@ class SsdForward:
                     slot = states.final_indices[seq]
                 if slot >= 0:
                     if slot < a.num_final_slots:
-                        self._store_state(states.final[slot, h, None, None], mma, acc_h, p0, state_type)
-
-    @cute.jit
-    def _store_state(self, dst, mma, acc_h, p0, state_type):
-        """h (this CTA's 64 rows) into a (P, N) state block."""
-        coords = mma.thr.partition_C(cute.make_identity_tensor((P_TILE, self.d_state)))
-        for e in cutlass.range_constexpr(cute.size(acc_h)):
-            dst[p0 + coords[e][0], coords[e][1]] = acc_h[e].to(state_type)
+                        store_state(states.final[slot, h, None, None], mma, acc_h, p0, state_type)
 
 
 class StateViews:

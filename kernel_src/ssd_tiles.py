@@ -6,7 +6,7 @@ that split a block at sequence boundaries."""
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
-from cutlass.cute.nvgpu import warp
+from cutlass.cute.nvgpu import cpasync, warp
 
 from kernel_src.ssm_math import warp_inclusive_scan
 
@@ -14,6 +14,45 @@ TILE = 64        # tokens per block: the M and K extent of the intra-block produ
 VECTOR = 8       # 16-byte cp.async of 16-bit elements: the runtime checks strides and bases for it
 SMEM_ALIGN = 128
 CHUNK = 8        # elements per 16-byte shared-memory vector
+
+
+def async_tile_copy(io_type, threads: int):
+    """A cp.async copy of 16-bit tiles, 16 bytes per thread per step, rows of 64 elements (8 threads per row)."""
+    return cute.make_tiled_copy_tv(
+        cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), io_type, num_bits_per_copy=128),
+        cute.make_layout((threads // 8, 8), stride=(8, 1)), cute.make_layout((1, VECTOR)))
+
+
+@cute.jit
+def load_tile(g2s, thr, src, ident, dst, tile, coord, L):
+    """cp.async the ``tile``-shaped block ``coord`` of ``src`` (rows along L) into ``dst``; rows past L become zeros."""
+    src_part = thr.partition_S(cute.local_tile(src, tile, coord))
+    coords = thr.partition_S(cute.local_tile(ident, tile, coord))
+    dst_part = thr.partition_D(dst)
+    for m in cutlass.range_constexpr(cute.size(dst_part.shape[1])):
+        if cute.elem_less(coords[0, m, 0][0], L):
+            cute.copy(g2s, src_part[None, m, None], dst_part[None, m, None])
+        else:
+            dst_part[None, m, None].fill(0)
+
+
+@cute.jit
+def store_state(dst, mma, acc, p0, state_type: cutlass.Constexpr):
+    """An accumulator over (64 rows of P from p0, N) into a (P, N) state block, in ``state_type``."""
+    coords = mma.thr.partition_C(cute.make_identity_tensor((64, cute.size(dst, mode=[1]))))
+    for e in cutlass.range_constexpr(cute.size(acc)):
+        dst[p0 + coords[e][0], coords[e][1]] = acc[e].to(state_type)
+
+
+@cute.jit
+def load_state(acc, mma, src, p0, valid):
+    """acc = a (P, N) state block's rows p0 .. p0 + 63 in fp32 (zeros when ``valid`` is 0)."""
+    coords = mma.thr.partition_C(cute.make_identity_tensor((64, cute.size(src, mode=[1]))))
+    for e in cutlass.range_constexpr(cute.size(acc)):
+        v = Float32(0.0)
+        if valid != 0:
+            v = src[p0 + coords[e][0], coords[e][1]].to(Float32)
+        acc[e] = v
 
 
 class MmaParts:
@@ -117,11 +156,17 @@ def next_change(lo: Int32, hi: Int32, pos: Int32) -> Int32:
         above_hi = Int32(0)
         if pos < 63:
             above_hi = hi & ~((Int32(2) << (pos - 32)) - Int32(1))
+    return first_set_bit(above_lo, above_hi)
+
+
+@cute.jit
+def first_set_bit(lo: Int32, hi: Int32) -> Int32:
+    """The lowest set bit of the 64-bit mask (lo, hi), or TILE if none."""
     result = Int32(TILE)
-    if above_hi != 0:
-        result = Int32(32) + Int32(cute.arch.clz(cute.arch.brev(above_hi)))
-    if above_lo != 0:
-        result = Int32(cute.arch.clz(cute.arch.brev(above_lo)))
+    if hi != 0:
+        result = Int32(32) + Int32(cute.arch.clz(cute.arch.brev(hi)))
+    if lo != 0:
+        result = Int32(cute.arch.clz(cute.arch.brev(lo)))
     return result
 
 
@@ -136,6 +181,25 @@ def block_cumsum(d0: Float32, d1: Float32, A_log2: Float32, lane: Int32):
     # differ by rounding, and 2^(cs_t - cs_s) would not be exactly 1 there (with |Δ·A| ~ 1e6 the error is
     # ~2^3). Each row therefore takes the cumsum of the last row at or before it whose Δ·A is non-zero.
     return hold_over_zero_runs(c0, c1, term0 != Float32(0.0), term1 != Float32(0.0), lane)
+
+
+@cute.jit
+def previous_change(lo: Int32, hi: Int32, pos: Int32) -> Int32:
+    """The last set bit at or below ``pos`` (0..63) in the 64-bit mask (lo, hi), or -1 if none."""
+    below_lo = lo
+    below_hi = Int32(0)
+    if pos < 31:
+        below_lo = lo & ((Int32(2) << pos) - Int32(1))
+    if pos >= 32:
+        below_hi = hi
+        if pos < 63:
+            below_hi = hi & ((Int32(2) << (pos - 32)) - Int32(1))
+    result = Int32(-1)
+    if below_lo != 0:
+        result = Int32(31) - Int32(cute.arch.clz(below_lo))
+    if below_hi != 0:
+        result = Int32(63) - Int32(cute.arch.clz(below_hi))
+    return result
 
 
 @cute.jit

@@ -26,7 +26,7 @@ import threading
 from . import driver, manifest, streams
 from .errors import (ArchMismatchError, CubinPackageError, CudaDriverError, DeviceError, GraphCaptureError,
                      InvalidArgumentError, ManifestError, Mamba2AOTError, VariantNotFoundError)
-from .plans import PLANS, LaunchPlan
+from .plans import PLANS, CompositePlan, LaunchPlan
 from .tensors import as_device_array
 from .validation import BoundCall, check_call
 
@@ -134,16 +134,25 @@ def launch(family: str, *, stream=None, **kwargs) -> None:
         obj = kwargs.get(name)
         if obj is not None:
             kwargs[name] = as_device_array(obj, name, dlpack_stream=dlpack_stream)
+    if isinstance(plan, CompositePlan):
+        _launch_steps(plan, kwargs, handle)
+        return
     call, variant_key, known_device, packed_cache = _validated(plan, kwargs)
     if 0 in call.grid:
         return  # an empty batch or no heads: nothing to compute
+    _launch_call(plan, call, variant_key, known_device, packed_cache, handle)
+
+
+def _launch_call(plan: LaunchPlan, call: BoundCall, variant_key: tuple, known_device: int | None,
+                 packed_cache: dict | None, handle: int) -> None:
+    """Steps 4 to 6 for one validated call."""
     drv = driver.get()
     device = _device_of(drv, call, handle, known_device)
     # Bound before anything stream-related: on a thread with no context, the legacy stream (0) means
     # nothing until the device's primary context is current.
     restore = drv.bind_primary_context(device)
     try:
-        kernel = _kernels.get((family, variant_key, device))
+        kernel = _kernels.get((plan.family, variant_key, device))
         if kernel is None:
             kernel = load_kernel(drv, plan, call.constants, device, capture_stream=handle)
         _wait_for_producers(drv, call, handle)
@@ -151,6 +160,26 @@ def launch(family: str, *, stream=None, **kwargs) -> None:
     finally:
         if restore is not None:
             drv.set_current_context(restore)
+
+
+def _launch_steps(plan: CompositePlan, kwargs: dict, handle: int) -> None:
+    """A composite family: validate and check every step (and that each is built), then launch them in order."""
+    try:
+        steps = plan.steps(**kwargs)
+    except TypeError as exc:
+        error = None if isinstance(exc, Mamba2AOTError) else _keyword_error(plan, kwargs)
+        if error is None:
+            raise
+        raise error from None
+    bound = []
+    for family, call in steps:
+        check_call(call)
+        variant_key = manifest.constants_key(call.constants)
+        if 0 not in call.grid:
+            manifest.catalog().require_built(family, variant_key)
+            bound.append((PLANS[family], call, variant_key))
+    for step_plan, call, variant_key in bound:
+        _launch_call(step_plan, call, variant_key, None, None, handle)
 
 
 def _validated(plan: LaunchPlan, kwargs: dict) -> tuple[BoundCall, tuple, int | None, dict | None]:
@@ -196,7 +225,7 @@ def _keyword_error(plan: LaunchPlan, kwargs: dict) -> InvalidArgumentError | Non
     from elsewhere). The signature is read once per plan, and only on this error path."""
     entry = _keywords.get(plan)
     if entry is None:
-        params = inspect.signature(plan.bind).parameters.values()
+        params = inspect.signature(plan.steps if isinstance(plan, CompositePlan) else plan.bind).parameters.values()
         named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         entry = _keywords[plan] = (tuple(p.name for p in named), tuple(p.name for p in named if p.default is p.empty),
                                    any(p.kind == p.VAR_KEYWORD for p in params))

@@ -32,3 +32,12 @@ class LaunchPlan:
     def workspace_size(self, **kwargs) -> int:
         """Bytes of caller-owned workspace the call needs (families without workspace: 0)."""
         return 0
+
+
+class CompositePlan(LaunchPlan):
+    """A family whose call is several kernel launches on one stream, in order (each launch's kernel has its own
+    step plan in ``PLANS``). The dispatcher validates every step before it launches the first."""
+
+    def steps(self, **kwargs) -> list[tuple[str, BoundCall]]:
+        """Validate a call; return its launches as (step family, bound call), in launch order."""
+        raise NotImplementedError

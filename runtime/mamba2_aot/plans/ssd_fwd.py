@@ -120,7 +120,7 @@ class SsdForwardPlan(LaunchPlan):
                                                 dt_bias=dt_bias, length="seqlen")
         for arr in (x, z, B, C, out):
             if arr is not None:
-                _expect_vector_operand(arr)
+                expect_vector_operand(arr)
         params.update(batch=batch, seqlen=seqlen, nheads=nheads, nchunks=-(-seqlen // chunk_size))
         outputs = [out]
 
@@ -189,7 +189,7 @@ class SsdForwardPlan(LaunchPlan):
         )
 
 
-def _expect_vector_operand(arr) -> None:
+def expect_vector_operand(arr) -> None:
     """x, z, B, C (and out) move 16 bytes at a time: 16-byte aligned base, strides multiples of 8 elements."""
     if arr.ptr % (VECTOR * arr.itemsize):
         raise AlignmentError(arr.name, f"{arr.name}: data pointer {arr.ptr:#x} must be 16-byte aligned")

@@ -1,0 +1,859 @@
+"""ssd_bwd_chunk: the backward's per-block gradients (the second kernel of ``ssd_bwd``).
+
+Math (BRIEF §2; the adjoint of the forward's block form in kernel_src/ssd_fwd.py, as in the SSD paper's chunked
+backward, arXiv:2405.21060 §6, and state-spaces/mamba's ``_chunk_scan_bwd_*`` kernels). For one sequence run
+[s0, s1) of a 64-token block, with Λ the natural-log cumsum of a = Δ·A (the kernel holds cs = Λ·log2(e)),
+h₀ / h_end the states entering / leaving the run (h₀ from the forward's 64-token ``states`` or the initial
+state, dh_end from ``dstates`` of the ssd_bwd_dstates pass or ``dfinal_states``), G = dout ⊙ silu(z)::
+
+    M_ij = (C_i·B_j) e^(Λ_i - Λ_j) [s0 <= j <= i < s1]     S_ij = M_ij Δ_j     Q_ij = G_i·x_j     W = Q ⊙ S
+    V_ij = Q_ij e^(Λ_i - Λ_j) Δ_j [s0 <= j <= i < s1]     (W without the factor C_i·B_j)
+    e_i  = e^(Λ_i - Λ_base)      w_j = e^(Λ_end - Λ_j) Δ_j     U_j = e^(Λ_end - Λ_j) · dh_end·B_j   (P)
+
+    dx  = Sᵀ·G + Δ ⊙ U + D ⊙ G                      dz = dout ⊙ y ⊙ silu'(z)    (y = the forward's output before z)
+    dB  = Σ_heads of the group [Vᵀ·C + (w ⊙ x)·dh_end]     dC = Σ_heads [V·B + (e ⊙ G)·h₀]
+    dΔ_j (direct) = Σ_i M_ij Q_ij + x_j·U_j
+    dΛ_i = Σ_j W_ij - Σ_k W_ki + G_i·y0_i - Δ_i x_i·U_i + [i = s1 - 1] (e^(Λ_end - Λ_base)⟨dh_end, h₀⟩ + Σ_j Δ_j x_j·U_j)
+    da_k = Σ_{i >= k in the run} dΛ_i ;  dΔ = dΔ (direct) + A·da ;  dA += Σ Δ·da ;  ddt = dΔ · dΔ/d(dt)
+
+with y0_i = e_i · h₀·C_i (the entering state's share of y). ddt goes through dt_limit (zero gradient where
+clamped, as torch.clamp) and softplus (sigmoid; the identity above 20). dD and ddt_bias are sums over tokens.
+
+One CTA owns one (64-token block, group, row) and walks the heads of its group, adding each head's dB and dC to
+fp32 accumulators in registers: every gradient is written by exactly one CTA, in a fixed order, so the result
+is bitwise reproducible. Per-(block, head) partial sums of dD (per P column), dA and ddt_bias go to
+``partials`` and are summed in a fixed order by ``ssd_bwd_reduce``. The products are bf16 / fp16 warp MMAs with
+fp32 accumulation (operands rounded as the forward rounds them); everything per row and the sums are fp32.
+"""
+
+# (no "from __future__ import annotations": cute.struct reads its field annotations as live objects)
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import warp
+
+from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
+from kernel_src.families import expect_constants
+from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, async_tile_copy, block_cumsum, first_set_bit,
+                                  load_tile, mn_view, next_change, scale_row, smem_layout, transposed)
+from kernel_src.ssm_math import SOFTPLUS_IDENTITY_ABOVE, delta_from_dt, warp_inclusive_scan
+
+LOG2_E = math.log2(math.e)
+WARPS = 8
+THREADS = WARPS * 32
+PARTIAL_EXTRA = 2   # partials[..., P] = dA, partials[..., P + 1] = ddt_bias
+PARTS = 3           # per-warp row / column sums: of Q ⊙ M over i, of G ⊙ y0 over P, of x ⊙ U over P
+
+
+class SsdBackwardChunk:
+    family = "ssd_bwd_chunk"
+    grid_rule = "seqlen/64,groups,batch"
+    headdims = (64, 128)
+    d_states = (64, 128)
+    io_dtypes = ("bf16", "fp16")
+    state_dtypes = ("fp32", "bf16", "fp16")
+
+    def __init__(self, headdim: int, d_state: int, io_dtype: str, state_dtype: str):
+        expect_constants(self, headdim=headdim, d_state=d_state, io_dtype=io_dtype, state_dtype=state_dtype)
+        self.headdim, self.d_state, self.io_dtype, self.state_dtype = headdim, d_state, io_dtype, state_dtype
+        self.warps = (4, 2)
+        self.threads = THREADS
+        self.block = (THREADS, 1, 1)
+        self.cluster = (1, 1, 1)
+        self.dynamic_smem = self._shared_storage(cutlass_dtype(io_dtype)).size_in_bytes()
+
+    def params(self):
+        io, st = self.io_dtype, self.state_dtype
+        vec = 2 * VECTOR
+        return [
+            ptr("x", io, align=vec), ptr("dt", io), ptr("A", "fp32"), ptr("B", io, align=vec), ptr("C", io, align=vec),
+            ptr("D", "fp32"), ptr("z", io, align=vec), ptr("dt_bias", "fp32"), ptr("out", io, align=vec),
+            ptr("dout", io, align=vec), ptr("dx", io), ptr("ddt", io), ptr("dB", io), ptr("dC", io), ptr("dz", io),
+            ptr("initial_states", st), ptr("initial_state_indices", "int32"), ptr("states", "fp32"),
+            ptr("dfinal_states", "fp32"), ptr("dstates", "fp32"), ptr("partials", "fp32"),
+            ptr("seq_idx", "int32"), ptr("cu_seqlens", "int32"),
+            i32("batch"), i32("seqlen"), i32("nheads"), i32("heads_per_group"), i32("num_seqs"),
+            i32("num_initial_slots"), i32("nblocks"),
+            *ssm_strides(),
+            *strides("dout", "batch", "seqlen", "head"), *strides("dx", "batch", "seqlen", "head"),
+            *strides("ddt", "batch", "seqlen", "head"), *strides("dB", "batch", "seqlen", "group"),
+            *strides("dC", "batch", "seqlen", "group"), *strides("dz", "batch", "seqlen", "head"),
+            *strides("initial_states", "slot", "head"), *strides("initial_state_indices", "seq"),
+            *strides("states", "batch", "block", "head"), *strides("dfinal_states", "seq", "head"),
+            *strides("dstates", "batch", "block", "head"), *strides("partials", "batch", "block", "head"),
+            *strides("seq_idx", "batch", "seqlen"), *strides("cu_seqlens", "seq"),
+            i32("has_D"), i32("has_z"), i32("has_dt_bias"), i32("dt_softplus"),
+            i32("has_initial_states"), i32("has_initial_state_indices"), i32("has_dfinal_states"),
+            i32("has_seq_idx"), i32("has_cu_seqlens"),
+            f32("dt_min"), f32("dt_max"),
+        ]
+
+    @cute.jit
+    def __call__(self, args: tuple, stream):
+        a = bind(self.params(), args)
+        self.kernel(args).launch(grid=[a.nblocks, a.nheads // a.heads_per_group, a.batch], block=list(self.block),
+                                 smem=self.dynamic_smem, stream=stream)
+
+    @cute.kernel
+    def kernel(self, args: tuple):
+        a = bind(self.params(), args)
+        P, N = self.headdim, self.d_state
+        io_type = cutlass_dtype(self.io_dtype)
+        blk, g, row = cute.arch.block_idx()
+        tid, _, _ = cute.arch.thread_idx()
+        L, H = a.seqlen, a.nheads
+        G = H // a.heads_per_group
+        block_start = blk * TILE
+        rows = cute.math.min(L - block_start, Int32(TILE))
+
+        def view(pointer, shape, *strides):
+            return cute.make_tensor(pointer, cute.make_layout(shape, stride=strides))
+
+        def vec(stride):
+            return cute.assume(stride, divby=VECTOR)
+
+        def per_head(pointer, name):  # a (batch, L, H, P) array
+            return view(pointer, (a.batch, L, H, P), getattr(a, f"stride_{name}_batch"),
+                        getattr(a, f"stride_{name}_seqlen"), getattr(a, f"stride_{name}_head"), 1)
+
+        def per_head_vec(pointer, name):
+            return view(pointer, (a.batch, L, H, P), vec(getattr(a, f"stride_{name}_batch")),
+                        vec(getattr(a, f"stride_{name}_seqlen")), vec(getattr(a, f"stride_{name}_head")), 1)
+
+        def per_group(pointer, name, vector):
+            batch_stride = getattr(a, f"stride_{name}_batch")
+            seq_stride = getattr(a, f"stride_{name}_seqlen")
+            group_stride = getattr(a, f"stride_{name}_group")
+            if cutlass.const_expr(vector):
+                batch_stride, seq_stride, group_stride = vec(batch_stride), vec(seq_stride), vec(group_stride)
+            return view(pointer, (a.batch, L, G, N), batch_stride, seq_stride, group_stride, 1)
+
+        def state_blocks(pointer, name, first):  # (first, H, P, N) with contiguous P × N blocks
+            return view(pointer, (first, H, P, N), getattr(a, f"stride_{name}_{'slot' if name == 'initial_states' else 'seq'}"),
+                        getattr(a, f"stride_{name}_head"), N, 1)
+
+        t = Tensors(
+            x=per_head_vec(a.x, "x"), z=per_head_vec(a.z, "z"), y=per_head_vec(a.out, "out"),
+            dout=per_head_vec(a.dout, "dout"), dx=per_head(a.dx, "dx"), dz=per_head(a.dz, "dz"),
+            dt=view(a.dt, (a.batch, L, H), a.stride_dt_batch, a.stride_dt_seqlen, a.stride_dt_head),
+            ddt=view(a.ddt, (a.batch, L, H), a.stride_ddt_batch, a.stride_ddt_seqlen, a.stride_ddt_head),
+            B=per_group(a.B, "B", True), C=per_group(a.C, "C", True),
+            dB=per_group(a.dB, "dB", False), dC=per_group(a.dC, "dC", False),
+            D=view(a.D, (H, P), a.stride_D_head, a.stride_D_dim),
+            initial=state_blocks(a.initial_states, "initial_states", a.num_initial_slots),
+            initial_indices=view(a.initial_state_indices, (a.num_seqs,), a.stride_initial_state_indices_seq),
+            dfinal=state_blocks(a.dfinal_states, "dfinal_states", a.num_seqs),
+            states=view(a.states, (a.batch, a.nblocks, H, P, N), a.stride_states_batch, a.stride_states_block,
+                        a.stride_states_head, N, 1),
+            dstates=view(a.dstates, (a.batch, a.nblocks, H, P, N), a.stride_dstates_batch, a.stride_dstates_block,
+                         a.stride_dstates_head, N, 1),
+            partials=view(a.partials, (a.batch, a.nblocks, H, P + PARTIAL_EXTRA), a.stride_partials_batch,
+                          a.stride_partials_block, a.stride_partials_head, 1),
+        )
+
+        storage = cutlass.utils.SmemAllocator().allocate(self._shared_storage(io_type))
+        sm = Shared(storage, P, N)
+
+        wm, wn = self.warps
+        tiled_mma = cute.make_tiled_mma(warp.MmaF16BF16Op(io_type, Float32, (16, 8, 16)), cute.make_layout((wm, wn, 1)),
+                                        permutation_mnk=(wm * 16, wn * 16, 16))
+        mma = MmaParts(tiled_mma, tid, io_type)
+        g2s = async_tile_copy(io_type, THREADS)
+
+        if cute.arch.warp_idx() == 0:
+            self._sequence_map(a, sm, row, block_start, rows, cute.arch.lane_idx())
+        thr = g2s.get_slice(tid)
+        load_tile(g2s, thr, t.B[row, None, g, None], cute.make_identity_tensor((L, N)), sm.B, (TILE, N), (blk, 0), L)
+        load_tile(g2s, thr, t.C[row, None, g, None], cute.make_identity_tensor((L, N)), sm.C, (TILE, N), (blk, 0), L)
+        cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.sync_threads()
+
+        # C·Bᵀ is the same for every head of the group: kept in shared memory, each thread's fragment in its column
+        acc_cb = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
+        acc_cb.fill(0.0)
+        mma.gemm(acc_cb, sm.C, sm.B, N // 16)
+        _park(acc_cb, sm.fragments[0, tid, None])
+        # dB and dC of the group: fp32 accumulators parked in shared memory between their products
+        acc = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, N)), Float32)
+        acc.fill(0.0)
+        _park(acc, sm.dB[tid, None])
+        _park(acc, sm.dC[tid, None])
+        for k in range(a.heads_per_group):
+            self._head(a, t, sm, mma, g2s, row, g * a.heads_per_group + k, blk, block_start, rows, tid, io_type)
+
+        coords = mma.thr.partition_C(cute.make_identity_tensor((TILE, N)))
+        for grad, parked in ((t.dB, sm.dB), (t.dC, sm.dC)):
+            _unpark(acc, parked[tid, None])
+            for e in cutlass.range_constexpr(cute.size(acc)):
+                i = coords[e][0]
+                if i < rows:
+                    grad[row, block_start + i, g, coords[e][1]] = acc[e].to(io_type)
+
+    def _shared_storage(self, io_type):
+        P, N = self.headdim, self.d_state
+
+        @cute.struct
+        class SharedStorage:
+            B: cute.struct.Align[cute.struct.MemRange[io_type, TILE * N], SMEM_ALIGN]
+            C: cute.struct.Align[cute.struct.MemRange[io_type, TILE * N], SMEM_ALIGN]
+            x: cute.struct.Align[cute.struct.MemRange[io_type, TILE * P], SMEM_ALIGN]
+            gated: cute.struct.Align[cute.struct.MemRange[io_type, TILE * P], SMEM_ALIGN]   # dout, then G
+            # z and y while G and dz are computed, then the run's (w ⊙ x) and (e ⊙ G)
+            scaled: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * P], SMEM_ALIGN]
+            S: cute.struct.Align[cute.struct.MemRange[io_type, TILE * TILE], SMEM_ALIGN]
+            V: cute.struct.Align[cute.struct.MemRange[io_type, TILE * TILE], SMEM_ALIGN]
+            # h₀ and dh_end of a run, then (fp32) W for the straddling sums
+            states: cute.struct.Align[cute.struct.MemRange[io_type, 2 * P * N], SMEM_ALIGN]
+            straddle: cute.struct.Align[cute.struct.MemRange[Float32, TILE], SMEM_ALIGN]
+            D: cute.struct.Align[cute.struct.MemRange[Float32, P], SMEM_ALIGN]
+            delta: cute.struct.Align[cute.struct.MemRange[Float32, TILE], SMEM_ALIGN]
+            cs: cute.struct.Align[cute.struct.MemRange[Float32, TILE], SMEM_ALIGN]
+            dt_in: cute.struct.Align[cute.struct.MemRange[Float32, TILE], SMEM_ALIGN]   # dt + dt_bias
+            last: cute.struct.Align[cute.struct.MemRange[Float32, TILE], SMEM_ALIGN]
+            suffix: cute.struct.Align[cute.struct.MemRange[Float32, TILE + 1], SMEM_ALIGN]
+            suffix_q: cute.struct.Align[cute.struct.MemRange[Float32, TILE + 1], SMEM_ALIGN]
+            # per warp: column sums of Q ⊙ M, row sums of G ⊙ y0 and x ⊙ U (added in a fixed order)
+            parts: cute.struct.Align[cute.struct.MemRange[Float32, PARTS * WARPS * TILE], SMEM_ALIGN]
+            dot: cute.struct.Align[cute.struct.MemRange[Float32, WARPS], SMEM_ALIGN]
+            seq: cute.struct.Align[cute.struct.MemRange[Int32, TILE], SMEM_ALIGN]
+            run_start: cute.struct.Align[cute.struct.MemRange[Int32, TILE], SMEM_ALIGN]
+            run_end: cute.struct.Align[cute.struct.MemRange[Int32, TILE], SMEM_ALIGN]
+            masks: cute.struct.Align[cute.struct.MemRange[Int32, 5], SMEM_ALIGN]  # starts lo/hi, in lo/hi, continues
+            # C·Bᵀ and Q = G·xᵀ as MMA fragments, thread-major (registers are the scarce resource here)
+            fragments: cute.struct.Align[cute.struct.MemRange[Float32, 2 * TILE * TILE], SMEM_ALIGN]
+            dB: cute.struct.Align[cute.struct.MemRange[Float32, TILE * N], SMEM_ALIGN]   # the group's dB, parked
+            dC: cute.struct.Align[cute.struct.MemRange[Float32, TILE * N], SMEM_ALIGN]
+
+        return SharedStorage
+
+    @cute.jit
+    def _sequence_map(self, a, sm, row, block_start, rows, lane):
+        """Warp 0: which sequence each row of the block belongs to (its number for the state arrays, -1 outside
+        every sequence), the masks of rows that start a run and of rows inside a sequence, and whether row 0
+        continues the sequence of the row before the block."""
+        key0, in0, num0 = self._sequence_of(a, row, block_start + lane, rows + block_start)
+        key1, in1, num1 = self._sequence_of(a, row, block_start + lane + 32, rows + block_start)
+        before_key, before_in, _ = self._sequence_of(a, row, block_start - 1, rows + block_start)
+        prev0 = cute.arch.shuffle_sync_up(key0, 1)
+        prev_in0 = cute.arch.shuffle_sync_up(in0, 1)
+        prev1 = cute.arch.shuffle_sync_up(key1, 1)
+        prev_in1 = cute.arch.shuffle_sync_up(in1, 1)
+        last_key0 = cute.arch.shuffle_sync(key0, 31)
+        last_in0 = cute.arch.shuffle_sync(in0, 31)
+        if lane == 0:
+            prev0 = before_key
+            prev_in0 = before_in
+            prev1 = last_key0
+            prev_in1 = last_in0
+        # change: a sequence starts at the row; start: a run of the block starts there (also row 0 continuing one)
+        change0 = Int32(0)
+        change1 = Int32(0)
+        if in0 != 0:
+            if (prev_in0 == 0) | (prev0 != key0):
+                change0 = Int32(1)
+        if in1 != 0:
+            if (prev_in1 == 0) | (prev1 != key1):
+                change1 = Int32(1)
+        start0 = change0
+        continues = Int32(0)
+        if (lane == 0) & (in0 != 0):
+            start0 = Int32(1)
+            continues = Int32(1) - change0
+        if a.has_seq_idx != 0:
+            if (a.has_initial_states != 0) | (a.has_dfinal_states != 0):
+                # sequences of a seq_idx row are numbered 0, 1, ... along it (states only at batch 1)
+                before = _count_changes(a, row, block_start, lane)
+                counted0 = change0
+                if block_start + lane == 0:  # the row's first token starts sequence 0
+                    counted0 = Int32(0)
+                run0 = warp_inclusive_scan_int(counted0, lane)
+                num0 = before + run0
+                num1 = before + cute.arch.shuffle_sync(run0, 31) + warp_inclusive_scan_int(change1, lane)
+        seq0 = Int32(-1)
+        seq1 = Int32(-1)
+        if in0 != 0:
+            seq0 = num0
+        if in1 != 0:
+            seq1 = num1
+        seq_map, masks = sm.seq, sm.masks
+        seq_map[lane] = seq0
+        seq_map[lane + 32] = seq1
+        starts_lo = cute.arch.vote_ballot_sync(start0 != 0)
+        starts_hi = cute.arch.vote_ballot_sync(change1 != 0)
+        in_lo = cute.arch.vote_ballot_sync(in0 != 0)
+        in_hi = cute.arch.vote_ballot_sync(in1 != 0)
+        continues = cute.arch.shuffle_sync(continues, 0)
+        if lane == 0:
+            masks[0] = Int32(starts_lo)
+            masks[1] = Int32(starts_hi)
+            masks[2] = Int32(in_lo)
+            masks[3] = Int32(in_hi)
+            masks[4] = continues
+
+    @cute.jit
+    def _sequence_of(self, a, row, tok, stop):
+        """(key, inside, number) of token ``tok`` (< stop, >= 0): the key that changes between sequences, whether
+        the token is inside one, and the sequence's number for the state arrays (seq_idx rows: filled later)."""
+        key = Int32(0)
+        inside = Int32(0)
+        number = row
+        if (tok >= 0) & (tok < stop):
+            inside = Int32(1)
+            if a.has_seq_idx != 0:
+                key = cute.make_tensor(a.seq_idx, cute.make_layout((a.batch, a.seqlen), stride=(
+                    a.stride_seq_idx_batch, a.stride_seq_idx_seqlen)))[row, tok]
+                number = Int32(0)
+            if a.has_cu_seqlens != 0:
+                cu = cute.make_tensor(a.cu_seqlens, cute.make_layout((a.num_seqs + 1,), stride=(a.stride_cu_seqlens_seq,)))
+                # the last k with cu[k] <= tok (entries clamped to [0, L], as the forward clamps them)
+                lo = Int32(0)
+                hi = a.num_seqs
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if cute.math.min(cute.math.max(cu[mid], Int32(0)), a.seqlen) <= tok:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                inside = Int32(0)
+                if cute.math.min(cute.math.max(cu[0], Int32(0)), a.seqlen) <= tok:
+                    if lo < a.num_seqs:
+                        if tok < cute.math.min(cute.math.max(cu[lo + 1], Int32(0)), a.seqlen):
+                            inside = Int32(1)
+                key = lo
+                number = lo
+        return key, inside, number
+
+    @cute.jit
+    def _head(self, a, t, sm, mma, g2s, row, h, blk, block_start, rows, tid,
+              io_type: cutlass.Constexpr):
+        P = self.headdim
+        L = a.seqlen
+        warp_id = cute.arch.warp_idx()
+        lane = cute.arch.lane_idx()
+        thr = g2s.get_slice(tid)
+        ident_x = cute.make_identity_tensor((L, P))
+        sZ = cute.make_tensor(sm.scaled.iterator, smem_layout((TILE, P)))
+        sY = cute.make_tensor(sm.scaled.iterator + TILE * P, smem_layout((TILE, P)))
+
+        cute.arch.sync_threads()  # every warp done with the last head's tiles
+        load_tile(g2s, thr, t.x[row, None, h, None], ident_x, sm.x, (TILE, P), (blk, 0), L)
+        load_tile(g2s, thr, t.dout[row, None, h, None], ident_x, sm.G, (TILE, P), (blk, 0), L)
+        if a.has_z != 0:
+            load_tile(g2s, thr, t.z[row, None, h, None], ident_x, sZ, (TILE, P), (blk, 0), L)
+            load_tile(g2s, thr, t.y[row, None, h, None], ident_x, sY, (TILE, P), (blk, 0), L)
+        cute.arch.cp_async_commit_group()
+        A = cute.make_tensor(a.A, cute.make_layout((a.nheads,), stride=(a.stride_A_head,)))[h]
+        if warp_id == 0:
+            self._scan_head(a, t, sm, row, h, block_start, A, lane)
+        sD, s_last, s_parts = sm.D, sm.last, sm.parts
+        if tid < P:
+            d_value = Float32(0.0)
+            if a.has_D != 0:
+                d_value = t.D[h, tid]
+            sD[tid] = d_value
+        if tid < TILE:
+            s_last[tid] = Float32(0.0)
+        for e in range(tid, PARTS * WARPS * TILE, THREADS):
+            s_parts[e] = Float32(0.0)
+        sS, sV = sm.S, sm.V
+        for e in range(tid, TILE * TILE, THREADS):  # entries outside every run stay zero
+            sS[e % TILE, e // TILE] = sS.element_type(0.0)
+            sV[e % TILE, e // TILE] = sV.element_type(0.0)
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.sync_threads()
+
+        if a.has_z != 0:
+            self._gate(t, sm, sZ, sY, row, h, block_start, rows, tid, io_type)
+            cute.arch.sync_threads()
+
+        acc_q = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
+        acc_q.fill(0.0)
+        mma.gemm(acc_q, sm.G, sm.x, P // 16)
+        _park(acc_q, sm.fragments[1, tid, None])
+        acc_dx = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P)), Float32)
+        acc_dx.fill(0.0)
+
+        starts_lo = sm.masks[0]
+        starts_hi = sm.masks[1]
+        outside_lo = ~sm.masks[2]
+        outside_hi = ~sm.masks[3]
+        s0 = first_set_bit(starts_lo, starts_hi)
+        while s0 < TILE:
+            s1 = cute.math.min(next_change(starts_lo, starts_hi, s0), next_change(outside_lo, outside_hi, s0))
+            self._run(a, t, sm, mma, acc_dx, row, h, blk, s0, s1, rows, tid, io_type)
+            s0 = next_change(starts_lo, starts_hi, s1 - 1)
+
+        self._finish(a, t, sm, mma, acc_dx, row, h, blk, block_start, rows, A, tid, io_type)
+
+    @cute.jit
+    def _scan_head(self, a, t, sm, row, h, block_start, A, lane):
+        """Warp 0: Δ (zero outside every sequence), its cumsum of Δ·A·log2(e) and dt + dt_bias of the block's rows."""
+        bias = Float32(0.0)
+        if a.has_dt_bias != 0:
+            bias = cute.make_tensor(a.dt_bias, cute.make_layout((a.nheads,), stride=(a.stride_dt_bias_head,)))[h]
+        d0 = Float32(0.0)
+        d1 = Float32(0.0)
+        v0 = Float32(0.0)
+        v1 = Float32(0.0)
+        if sm.seq[lane] >= 0:
+            v0 = t.dt[row, block_start + lane, h].to(Float32) + bias
+            d0 = delta_from_dt(v0, Float32(0.0), a.dt_softplus, a.dt_min, a.dt_max)
+        if sm.seq[lane + 32] >= 0:
+            v1 = t.dt[row, block_start + lane + 32, h].to(Float32) + bias
+            d1 = delta_from_dt(v1, Float32(0.0), a.dt_softplus, a.dt_min, a.dt_max)
+        c0, c1 = block_cumsum(d0, d1, A * Float32(LOG2_E), lane)
+        sm.delta[lane] = d0
+        sm.delta[lane + 32] = d1
+        sm.cs[lane] = c0
+        sm.cs[lane + 32] = c1
+        sm.dt_in[lane] = v0
+        sm.dt_in[lane + 32] = v1
+
+    @cute.jit
+    def _gate(self, t, sm, sZ, sY, row, h, block_start, rows, tid, io_type: cutlass.Constexpr):
+        """G = dout ⊙ silu(z) over dout's tile, and dz = dout ⊙ y ⊙ silu'(z) (zero outside every sequence)."""
+        P = self.headdim
+        per_row = THREADS // TILE
+        s = tid // per_row
+        part = tid % per_row
+        chunks = P // CHUNK
+        inside = sm.seq[s] >= 0
+        for k in cutlass.range_constexpr(chunks // per_row):
+            chunk = part * (chunks // per_row) + k
+            dout = cute.zipped_divide(sm.G[s, None], (CHUNK,))[None, chunk]
+            zs = cute.zipped_divide(sZ[s, None], (CHUNK,))[None, chunk].load().to(Float32)
+            ys = cute.zipped_divide(sY[s, None], (CHUNK,))[None, chunk].load().to(Float32)
+            ds = dout.load().to(Float32)
+            gated = cute.make_rmem_tensor((CHUNK,), Float32)
+            dz = cute.make_rmem_tensor((CHUNK,), Float32)
+            for e in cutlass.range_constexpr(CHUNK):
+                sig = Float32(1.0) / (Float32(1.0) + cute.math.exp(-zs[e]))
+                gated[e] = ds[e] * zs[e] * sig
+                dz[e] = Float32(cutlass.select_(inside, ds[e] * ys[e] * sig * (Float32(1.0) + zs[e] * (Float32(1.0) - sig)),
+                                                Float32(0.0)))
+            dout.store(gated.load().to(io_type))
+            if s < rows:
+                cute.zipped_divide(t.dz[row, block_start + s, h, None], (CHUNK,))[None, chunk].store(dz.load().to(io_type))
+
+    @cute.jit
+    def _run(self, a, t, sm, mma, acc_dx, row, h, blk, s0, s1, rows, tid,
+             io_type: cutlass.Constexpr):
+        """One sequence run [s0, s1) of the block: its entries of S and W (into shared memory) with their row and
+        column sums, and the products with the states entering (h₀) and leaving (dh_end) it."""
+        P, N = self.headdim, self.d_state
+        zero = Float32(0.0)
+        base = zero
+        if s0 > 0:
+            base = sm.cs[s0 - 1]
+        cs_end = sm.cs[s1 - 1]
+        seq = sm.seq[s0]
+
+        cute.arch.sync_threads()  # every warp done with the last run's states and scaled rows
+        # h₀: the forward's state after the previous block when the run continues a sequence, else the initial one
+        h0_valid = Int32(0)
+        h0_from_states = Int32(0)
+        slot = seq
+        if s0 == 0:
+            if sm.masks[4] != 0:
+                h0_from_states = Int32(1)
+                h0_valid = Int32(1)
+        if h0_from_states == 0:
+            if a.has_initial_states != 0:
+                if seq < a.num_seqs:
+                    if a.has_initial_state_indices != 0:
+                        slot = t.initial_indices[seq]
+                    if (slot >= 0) & (slot < a.num_initial_slots):
+                        h0_valid = Int32(1)
+        # dh_end: the dstates pass's gradient after the block's last row, else the sequence's dfinal_states
+        dh_valid = Int32(1)
+        dh_from_dstates = Int32(0)
+        if s1 == rows:
+            dh_from_dstates = Int32(1)
+        else:
+            if (a.has_dfinal_states == 0) | (seq >= a.num_seqs):
+                dh_valid = Int32(0)
+        sH0, sDh, s_dot, s_run_start, s_run_end, s_last = sm.h0, sm.dh, sm.dot, sm.run_start, sm.run_end, sm.last
+        dot = Float32(0.0)
+        for e in range(tid, P * N, THREADS):
+            p = e // N
+            n = e - p * N
+            h0 = Float32(0.0)
+            dh = Float32(0.0)
+            if h0_valid != 0:
+                if h0_from_states != 0:
+                    h0 = t.states[row, blk - 1, h, p, n]
+                else:
+                    h0 = t.initial[slot, h, p, n].to(Float32)
+            if dh_valid != 0:
+                if dh_from_dstates != 0:
+                    dh = t.dstates[row, blk, h, p, n]
+                else:
+                    dh = t.dfinal[seq, h, p, n]
+            dot = dot + h0 * dh
+            sH0[p, n] = h0.to(io_type)
+            sDh[p, n] = dh.to(io_type)
+        dot = _warp_sum(dot)
+        if cute.arch.lane_idx() == 0:
+            s_dot[cute.arch.warp_idx()] = dot
+
+        per_row = THREADS // TILE
+        s = tid // per_row
+        part = tid % per_row
+        in_run = (s >= s0) & (s < s1)
+        cs_s = sm.cs[s]
+        w = Float32(cutlass.select_(in_run, cute.math.exp2(cute.math.min(cs_end - cs_s, zero), fastmath=True) * sm.delta[s],
+                                    zero))
+        e_s = Float32(cutlass.select_(in_run, cute.math.exp2(cute.math.min(cs_s - base, zero), fastmath=True), zero))
+        sXw = cute.make_tensor(sm.scaled.iterator, smem_layout((TILE, P)))
+        sGe = cute.make_tensor(sm.scaled.iterator + TILE * P, smem_layout((TILE, P)))
+        scale_row(sm.x, sXw, s, part, per_row, w, io_type)
+        scale_row(sm.G, sGe, s, part, per_row, e_s, io_type)
+        if in_run & (part == 0):
+            s_run_end[s] = s1
+            s_run_start[s] = s0
+        cute.arch.sync_threads()  # h₀, dh_end, the scaled rows and the per-warp dots are in shared memory
+
+        if tid == 0:
+            total = Float32(0.0)
+            for wi in cutlass.range_constexpr(WARPS):
+                total = total + sm.dot[wi]
+            s_last[s1 - 1] = cute.math.exp2(cute.math.min(cs_end - base, zero), fastmath=True) * total
+
+        # the run's entries of S = M Δ_j and V = (Q ⊙ the decay) Δ_j, the column sums of Q ⊙ M, and W = Q ⊙ M Δ_j in
+        # place of Q in the parked fragment (each entry belongs to at most one run)
+        warp_id = cute.arch.warp_idx()
+        lane = cute.arch.lane_idx()
+        parts = cute.make_tensor(sm.parts.iterator, cute.make_layout((PARTS, WARPS, TILE), stride=(WARPS * TILE, TILE, 1)))
+        sS, sV = sm.S, sm.V
+        coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, TILE))))
+        frag = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
+        cb = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
+        stored = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
+        _unpark(cb, sm.fragments[0, tid, None])
+        _unpark(stored, sm.fragments[1, tid, None])
+        F = mn_view(frag)
+        CB = mn_view(cb)
+        St = mn_view(stored)
+        for r in cutlass.range_constexpr(cute.size(F, mode=[0])):
+            i = coords[r, 0][0]
+            cs_i = sm.cs[i]
+            row_in = (i >= s0) & (i < s1)
+            for c in cutlass.range_constexpr(cute.size(F, mode=[1])):
+                j = coords[0, c][1]
+                keep = row_in & (j >= s0) & (j <= i)
+                decay = cute.math.exp2(cute.math.min(cs_i - sm.cs[j], zero), fastmath=True)
+                q = St[r, c]
+                m = CB[r, c] * decay
+                delta_j = sm.delta[j]
+                F[r, c] = Float32(cutlass.select_(keep, m * q, zero))
+                St[r, c] = Float32(cutlass.select_(keep, m * q * delta_j, q))
+                if keep:
+                    sS[i, j] = (m * delta_j).to(io_type)
+                    sV[i, j] = (q * decay * delta_j).to(io_type)
+        _column_sums(F, coords, parts[0, warp_id, None], lane)
+        _park(stored, sm.fragments[1, tid, None])
+
+        # U = 2^(cs_end - cs_j) · B·dh_endᵀ on the run's rows: dx += Δ ⊙ U, row sums of x ⊙ U
+        tmp = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P)), Float32)
+        T_ = mn_view(tmp)
+        dX = mn_view(acc_dx)
+        coords_p = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P))))
+        tmp.fill(0.0)
+        mma.gemm(tmp, sm.B, sm.dh, N // 16)
+        for r in cutlass.range_constexpr(cute.size(T_, mode=[0])):
+            i = coords_p[r, 0][0]
+            f = Float32(cutlass.select_((i >= s0) & (i < s1),
+                                        cute.math.exp2(cute.math.min(cs_end - sm.cs[i], zero), fastmath=True), zero))
+            delta_i = sm.delta[i]
+            for c in cutlass.range_constexpr(cute.size(T_, mode=[1])):
+                u = f * T_[r, c]
+                dX[r, c] = dX[r, c] + delta_i * u
+                T_[r, c] = u * sm.x[i, coords_p[0, c][1]].to(Float32)
+        _row_sums(T_, coords_p, parts[2, warp_id, None], lane)
+        # y0 = e ⊙ C·h₀ᵀ on the run's rows: row sums of G ⊙ y0
+        tmp.fill(0.0)
+        mma.gemm(tmp, sm.C, sm.h0, N // 16)
+        for r in cutlass.range_constexpr(cute.size(T_, mode=[0])):
+            i = coords_p[r, 0][0]
+            f = Float32(cutlass.select_((i >= s0) & (i < s1),
+                                        cute.math.exp2(cute.math.min(sm.cs[i] - base, zero), fastmath=True), zero))
+            for c in cutlass.range_constexpr(cute.size(T_, mode=[1])):
+                T_[r, c] = f * T_[r, c] * sm.G[i, coords_p[0, c][1]].to(Float32)
+        _row_sums(T_, coords_p, parts[1, warp_id, None], lane)
+        # dB += (w ⊙ x)·dh_end ; dC += (e ⊙ G)·h₀
+        _accumulate(mma, sm.dB[tid, None], sXw, transposed(sm.dh, P, N), P // 16, False, True)
+        _accumulate(mma, sm.dC[tid, None], sGe, transposed(sm.h0, P, N), P // 16, False, True)
+
+    @cute.jit
+    def _finish(self, a, t, sm, mma, acc_dx, row, h, blk, block_start, rows, A, tid,
+                io_type: cutlass.Constexpr):
+        """The head's products with S and V, dx, ddt and the partial sums."""
+        P, N = self.headdim, self.d_state
+        warp_id = cute.arch.warp_idx()
+        lane = cute.arch.lane_idx()
+        zero = Float32(0.0)
+        coords_p = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P))))
+        parts = cute.make_tensor(sm.parts.iterator, cute.make_layout((PARTS, WARPS, TILE), stride=(WARPS * TILE, TILE, 1)))
+        cute.arch.sync_threads()  # S, V and every warp's row and column sums are in shared memory
+        self._straddling_sums(sm, mma, tid)
+
+        # dx = Sᵀ·G + Δ ⊙ U + D ⊙ G (rows inside a sequence, below L)
+        dx_out, partials = t.dx, t.partials
+        mma.gemm(acc_dx, transposed(sm.S, TILE, TILE), transposed(sm.G, TILE, P), TILE // 16,
+                 a_transposed=True, b_transposed=True)
+        dX = mn_view(acc_dx)
+        for r in cutlass.range_constexpr(cute.size(dX, mode=[0])):
+            i = coords_p[r, 0][0]
+            inside = sm.seq[i] >= 0
+            for c in cutlass.range_constexpr(cute.size(dX, mode=[1])):
+                p = coords_p[0, c][1]
+                dX[r, c] = Float32(cutlass.select_(inside, dX[r, c] + sm.D[p] * sm.G[i, p].to(Float32), zero))
+        for r in cutlass.range_constexpr(cute.size(dX, mode=[0])):
+            i = coords_p[r, 0][0]
+            if i < rows:
+                for c in cutlass.range_constexpr(cute.size(dX, mode=[1])):
+                    dx_out[row, block_start + i, h, coords_p[0, c][1]] = dX[r, c].to(io_type)
+        # dB += Vᵀ·C ; dC += V·B
+        _accumulate(mma, sm.dB[tid, None], transposed(sm.V, TILE, TILE), transposed(sm.C, TILE, N), TILE // 16, True,
+                    True)
+        _accumulate(mma, sm.dC[tid, None], sm.V, transposed(sm.B, TILE, N), TILE // 16, False, True)
+
+        if warp_id == 0:
+            self._rows(a, t, sm, parts, row, h, blk, block_start, rows, A, lane, io_type)
+        if (tid >= 64) & (tid < 64 + P):
+            p = tid - 64
+            total = Float32(0.0)
+            for i in range(TILE):
+                if sm.seq[i] >= 0:
+                    total = total + sm.G[i, p].to(Float32) * sm.x[i, p].to(Float32)
+            partials[row, blk, h, p] = total
+
+    @cute.jit
+    def _straddling_sums(self, sm, mma, tid):
+        """straddle[k] = Σ_{i >= k > j} W_ij over the pairs of one run: the intra-block share of da_k (d loss / d a_k).
+        Summed pair by pair: the row and column sums of W are large and cancel here (the diagonal, and pairs joined
+        by runs of Δ = 0, have decay 1), so their difference would lose everything when |Δ·A| is large."""
+        # W (fp32) over the run's states tile, rotated by row so that both passes below are free of bank conflicts
+        w_tile = cute.make_tensor(cute.recast_ptr(sm.states.iterator, dtype=Float32), cute.make_layout((TILE * TILE,)))
+        coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, TILE))))
+        stored = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
+        _unpark(stored, sm.fragments[1, tid, None])
+        St = mn_view(stored)
+        for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
+            i = coords[r, 0][0]
+            inside = sm.seq[i] >= 0
+            first = sm.run_start[i]
+            for c in cutlass.range_constexpr(cute.size(St, mode=[1])):
+                j = coords[0, c][1]
+                claimed = inside & (j >= first) & (j < i)
+                w_tile[i * TILE + ((i + j) % TILE)] = Float32(cutlass.select_(claimed, St[r, c], Float32(0.0)))
+        cute.arch.sync_threads()
+        if tid < TILE:  # row i: exclusive prefix sums along j
+            running = Float32(0.0)
+            for j in range(TILE):
+                at = tid * TILE + ((tid + j) % TILE)
+                value = w_tile[at]
+                w_tile[at] = running
+                running = running + value
+        cute.arch.sync_threads()
+        straddle = sm.straddle
+        if tid < TILE:  # column k: the prefixes of rows i >= k
+            total = Float32(0.0)
+            for i in range(tid, TILE):
+                total = total + w_tile[i * TILE + ((i + tid) % TILE)]
+            straddle[tid] = total
+
+    @cute.jit
+    def _rows(self, a, t, sm, parts, row, h, blk, block_start, rows, A, lane, io_type: cutlass.Constexpr):
+        """Warp 0: dΛ per row, its suffix sums within each run (da), dΔ, ddt, and the dA / ddt_bias partials."""
+        P = self.headdim
+        zero = Float32(0.0)
+        # da_k = Σ_{i >= k in the run} dΛ_i, taken term by term: the pairs of W straddling k (``straddle``); the
+        # suffix sums of G·y0 and of the entering state's term at the run's last row; and for the leaving state,
+        # -q_i + [i = run end - 1] Σ_run q_j (q_j = Δ_j x_j·U_j), whose suffix is the prefix Σ_{j < k in the run} q_j
+        dlam = [zero, zero]
+        leaving = [zero, zero]
+        direct = [zero, zero]
+        for half in cutlass.range_constexpr(2):
+            i = lane + 32 * half
+            sums = [zero] * PARTS
+            for q in cutlass.range_constexpr(PARTS):
+                for wi in cutlass.range_constexpr(WARPS):
+                    sums[q] = sums[q] + parts[q, wi, i]
+            delta_i = sm.delta[i]
+            # sums: 0 column sums of Q ⊙ M, 1 G·y0, 2 x·U
+            dlam[half] = sums[1] + sm.last[i]
+            leaving[half] = delta_i * sums[2]
+            direct[half] = sums[0] + sums[2]
+        suffix, suffix_q, ddt_out, partials = sm.suffix, sm.suffix_q, t.ddt, t.partials
+        _block_suffix_sums(dlam, suffix, lane)
+        _block_suffix_sums(leaving, suffix_q, lane)
+        cute.arch.sync_warp()
+        dA_part = zero
+        bias_part = zero
+        for half in cutlass.range_constexpr(2):
+            i = lane + 32 * half
+            ddt = zero
+            if sm.seq[i] >= 0:
+                da = (sm.straddle[i] + (sm.suffix[i] - sm.suffix[sm.run_end[i]])
+                      + (sm.suffix_q[sm.run_start[i]] - sm.suffix_q[i]))
+                d_delta = direct[half] + A * da
+                dA_part = dA_part + sm.delta[i] * da
+                v = sm.dt_in[i]
+                slope = Float32(1.0)
+                value = v
+                if a.dt_softplus != 0:
+                    if v <= Float32(SOFTPLUS_IDENTITY_ABOVE):
+                        value = cute.math.log1p(cute.math.exp(v))
+                        slope = Float32(1.0) / (Float32(1.0) + cute.math.exp(-v))
+                if (value >= a.dt_min) & (value <= a.dt_max):
+                    ddt = d_delta * slope
+                bias_part = bias_part + ddt
+            if i < rows:
+                ddt_out[row, block_start + i, h] = ddt.to(io_type)
+        dA_part = _warp_sum(dA_part)
+        bias_part = _warp_sum(bias_part)
+        if lane == 0:
+            partials[row, blk, h, P] = dA_part
+            partials[row, blk, h, P + 1] = bias_part
+
+
+class Tensors:
+    """The global views of a call, by role (a plain holder: passed whole to the helpers)."""
+
+    def __init__(self, **views):
+        self.__dict__.update(views)
+
+
+class Shared:
+    """The shared-memory tiles and arrays of the CTA, by role."""
+
+    def __init__(self, storage, P, N):
+        self.B = storage.B.get_tensor(smem_layout((TILE, N)))
+        self.C = storage.C.get_tensor(smem_layout((TILE, N)))
+        self.x = storage.x.get_tensor(smem_layout((TILE, P)))
+        self.G = storage.gated.get_tensor(smem_layout((TILE, P)))
+        self.scaled = storage.scaled.get_tensor(cute.make_layout((2 * TILE * P,)))
+        self.S = storage.S.get_tensor(smem_layout((TILE, TILE)))
+        self.V = storage.V.get_tensor(smem_layout((TILE, TILE)))
+        self.states = storage.states.get_tensor(cute.make_layout((2 * P * N,)))
+        self.h0 = cute.make_tensor(self.states.iterator, smem_layout((P, N)))
+        self.dh = cute.make_tensor(self.states.iterator + P * N, smem_layout((P, N)))
+        self.straddle = storage.straddle.get_tensor(cute.make_layout((TILE,)))
+        self.D = storage.D.get_tensor(cute.make_layout((P,)))
+        self.delta = storage.delta.get_tensor(cute.make_layout((TILE,)))
+        self.cs = storage.cs.get_tensor(cute.make_layout((TILE,)))
+        self.dt_in = storage.dt_in.get_tensor(cute.make_layout((TILE,)))
+        self.last = storage.last.get_tensor(cute.make_layout((TILE,)))
+        self.suffix = storage.suffix.get_tensor(cute.make_layout((TILE + 1,)))
+        self.suffix_q = storage.suffix_q.get_tensor(cute.make_layout((TILE + 1,)))
+        self.parts = storage.parts.get_tensor(cute.make_layout((PARTS * WARPS * TILE,)))
+        self.dot = storage.dot.get_tensor(cute.make_layout((WARPS,)))
+        self.seq = storage.seq.get_tensor(cute.make_layout((TILE,)))
+        self.run_start = storage.run_start.get_tensor(cute.make_layout((TILE,)))
+        self.run_end = storage.run_end.get_tensor(cute.make_layout((TILE,)))
+        self.masks = storage.masks.get_tensor(cute.make_layout((5,)))
+        per_thread = TILE * TILE // THREADS
+        self.fragments = storage.fragments.get_tensor(
+            cute.make_layout((2, THREADS, per_thread), stride=(TILE * TILE, 1, THREADS)))
+        self.dB = storage.dB.get_tensor(cute.make_layout((THREADS, TILE * N // THREADS), stride=(1, THREADS)))
+        self.dC = storage.dC.get_tensor(cute.make_layout((THREADS, TILE * N // THREADS), stride=(1, THREADS)))
+
+
+@cute.jit
+def _park(frag, dst):
+    """A thread's accumulator fragment into its column of a thread-major shared array (no bank conflicts)."""
+    for e in cutlass.range_constexpr(cute.size(frag)):
+        dst[e] = frag[e]
+
+
+@cute.jit
+def _unpark(frag, src):
+    for e in cutlass.range_constexpr(cute.size(frag)):
+        frag[e] = src[e]
+
+
+@cute.jit
+def _accumulate(mma, parked, sA, sB, k_blocks: cutlass.Constexpr, a_transposed: cutlass.Constexpr,
+                b_transposed: cutlass.Constexpr):
+    """parked += sA·sBᵀ for an fp32 accumulator of shape (TILE, N) parked in shared memory."""
+    acc = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, cute.size(sB, mode=[0]))), Float32)
+    _unpark(acc, parked)
+    mma.gemm(acc, sA, sB, k_blocks, a_transposed=a_transposed, b_transposed=b_transposed)
+    _park(acc, parked)
+
+
+@cute.jit
+def _block_suffix_sums(values, dst, lane):
+    """Warp 0: dst[k] = Σ_{i >= k} of a block's 64 row values (rows lane and lane + 32 in ``values``), dst[64] = 0."""
+    upper = warp_inclusive_scan(cute.arch.shuffle_sync(values[1], 31 - lane), lane)
+    lower = warp_inclusive_scan(cute.arch.shuffle_sync(values[0], 31 - lane), lane) + cute.arch.shuffle_sync(upper, 31)
+    dst[63 - lane] = upper
+    dst[31 - lane] = lower
+    if lane == 0:
+        dst[TILE] = Float32(0.0)
+
+
+@cute.jit
+def _warp_sum(value: Float32) -> Float32:
+    """The sum over a warp's lanes in a fixed butterfly order (every lane gets it)."""
+    for level in cutlass.range_constexpr(5):
+        value = value + cute.arch.shuffle_sync_bfly(value, 1 << level)
+    return value
+
+
+@cute.jit
+def _row_sums(frag, coords, dst, lane):
+    """dst[row] += this warp's sum of the fragment over its columns, for each row the warp holds (the 4 lanes of
+    a quad share a row of an MMA accumulator)."""
+    for r in cutlass.range_constexpr(cute.size(frag, mode=[0])):
+        total = Float32(0.0)
+        for c in cutlass.range_constexpr(cute.size(frag, mode=[1])):
+            total = total + frag[r, c]
+        total = total + cute.arch.shuffle_sync_bfly(total, 1)
+        total = total + cute.arch.shuffle_sync_bfly(total, 2)
+        if lane % 4 == 0:
+            dst[coords[r, 0][0]] = dst[coords[r, 0][0]] + total
+
+
+@cute.jit
+def _column_sums(frag, coords, dst, lane):
+    """dst[col] += this warp's sum of the fragment over its rows, for each column the warp holds (lanes with the
+    same lane % 4 share the columns of an MMA accumulator)."""
+    for c in cutlass.range_constexpr(cute.size(frag, mode=[1])):
+        total = Float32(0.0)
+        for r in cutlass.range_constexpr(cute.size(frag, mode=[0])):
+            total = total + frag[r, c]
+        for level in cutlass.range_constexpr(3):
+            total = total + cute.arch.shuffle_sync_bfly(total, 4 << level)
+        if lane < 4:
+            dst[coords[0, c][1]] = dst[coords[0, c][1]] + total
+
+
+@cute.jit
+def warp_inclusive_scan_int(value: Int32, lane: Int32) -> Int32:
+    """Inclusive prefix sum of an Int32 over the 32 lanes of a warp."""
+    for level in cutlass.range_constexpr(5):
+        neighbour = cute.arch.shuffle_sync_up(value, 1 << level)
+        if lane >= (1 << level):
+            value = value + neighbour
+    return value
+
+
+@cute.jit
+def _count_changes(a, row, stop, lane) -> Int32:
+    """The number of rows in (0, stop) of a seq_idx row where the value differs from the row before."""
+    seq_idx = cute.make_tensor(a.seq_idx, cute.make_layout((a.batch, a.seqlen), stride=(
+        a.stride_seq_idx_batch, a.stride_seq_idx_seqlen)))
+    count = Int32(0)
+    for base in range(1, stop, 32):
+        tok = base + lane
+        change = Int32(0)
+        if tok < stop:
+            if seq_idx[row, tok] != seq_idx[row, tok - 1]:
+                change = Int32(1)
+        count = count + Int32(cute.arch.popc(cute.arch.vote_ballot_sync(change != 0)))
+    return count

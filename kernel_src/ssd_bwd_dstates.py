@@ -1,0 +1,298 @@
+"""ssd_bwd_dstates: the backward's reverse pass over the state gradient (the first kernel of ``ssd_bwd``).
+
+Math (BRIEF §2; the adjoint of the forward's block recurrence in kernel_src/ssd_fwd.py). For one sequence run
+[s0, s1) of a 64-token block with entering state h₀ and leaving state h_end, cs the block cumsum of Δ·A·log2(e)
+and base the cumsum just before s0::
+
+    h_end = 2^(cs_end - base) · h₀ + Σ_s 2^(cs_end - cs_s) Δ_s · x_s ⊗ B_s ,   y_i ∋ 2^(cs_i - base) · C_i · h₀
+
+so with G = dout ⊙ silu(z) (dout where there is no z), the gradient of the loss with respect to h₀ is::
+
+    dh₀ = 2^(cs_end - base) · dh_end + Σ_i 2^(cs_i - base) · G_i ⊗ C_i          (P × N)
+
+One CTA owns one (64-row slice of P, head, sequence source), like the forward, and walks its blocks and runs
+backwards carrying dh (fp32, in the MMA accumulators): at a sequence's last token dh starts from
+``dfinal_states`` (zero if absent); after the block's last token it is stored to ``dstates[row, block]`` (the
+gradient of the state the forward stores in its 64-token ``chunk_states``); at a sequence's first token it is
+that sequence's ``dinitial_states``. The product (e ⊙ G)ᵀ·C is a bf16 / fp16 warp MMA with fp32 accumulation.
+"""
+
+# (no "from __future__ import annotations": cute.struct reads its field annotations as live objects)
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import warp
+
+from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, strides
+from kernel_src.families import expect_constants
+from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, async_tile_copy, block_cumsum, load_state,
+                                  load_tile, mask_bit, previous_change, smem_layout, store_state, transposed)
+from kernel_src.ssm_math import delta_from_dt, silu
+
+P_TILE = 64
+LOG2_E = math.log2(math.e)
+
+
+class SsdBackwardStates:
+    family = "ssd_bwd_dstates"
+    grid_rule = "headdim/64,heads,sequences"
+    headdims = (64, 128)
+    d_states = (64, 128, 256)
+    io_dtypes = ("bf16", "fp16")
+
+    def __init__(self, headdim: int, d_state: int, io_dtype: str):
+        expect_constants(self, headdim=headdim, d_state=d_state, io_dtype=io_dtype)
+        self.headdim, self.d_state, self.io_dtype = headdim, d_state, io_dtype
+        self.warps = (2, 2) if d_state <= 128 else (4, 2)   # as the forward: the dh accumulator's size
+        self.threads = self.warps[0] * self.warps[1] * 32
+        self.block = (self.threads, 1, 1)
+        self.cluster = (1, 1, 1)
+        self.dynamic_smem = self._shared_storage(cutlass_dtype(io_dtype)).size_in_bytes()
+
+    def params(self):
+        io = self.io_dtype
+        vec = 2 * VECTOR
+        return [
+            ptr("dout", io, align=vec), ptr("z", io, align=vec), ptr("dt", io), ptr("A", "fp32"),
+            ptr("C", io, align=vec), ptr("dt_bias", "fp32"),
+            ptr("dfinal_states", "fp32"), ptr("dinitial_states", "fp32"), ptr("dstates", "fp32"),
+            ptr("seq_idx", "int32"), ptr("cu_seqlens", "int32"),
+            i32("batch"), i32("seqlen"), i32("nheads"), i32("heads_per_group"), i32("num_seqs"), i32("nblocks"),
+            *strides("dout", "batch", "seqlen", "head"), *strides("z", "batch", "seqlen", "head"),
+            *strides("dt", "batch", "seqlen", "head"), *strides("A", "head"),
+            *strides("C", "batch", "seqlen", "group"), *strides("dt_bias", "head"),
+            *strides("dfinal_states", "seq", "head"), *strides("dinitial_states", "seq", "head"),
+            *strides("dstates", "batch", "block", "head"), *strides("seq_idx", "batch", "seqlen"),
+            *strides("cu_seqlens", "seq"),
+            i32("has_z"), i32("has_dt_bias"), i32("dt_softplus"), i32("has_dfinal_states"),
+            i32("has_dinitial_states"), i32("has_seq_idx"), i32("has_cu_seqlens"),
+            f32("dt_min"), f32("dt_max"),
+        ]
+
+    @cute.jit
+    def __call__(self, args: tuple, stream):
+        a = bind(self.params(), args)
+        self.kernel(args).launch(grid=[self.headdim // P_TILE, a.nheads, a.batch], block=list(self.block),
+                                 smem=self.dynamic_smem, stream=stream)
+
+    @cute.kernel
+    def kernel(self, args: tuple):
+        a = bind(self.params(), args)
+        P, N = self.headdim, self.d_state
+        io_type = cutlass_dtype(self.io_dtype)
+        ptile, h, source = cute.arch.block_idx()
+        tid, _, _ = cute.arch.thread_idx()
+        warp_id = cute.arch.warp_idx()
+        lane = cute.arch.lane_idx()
+        L, H = a.seqlen, a.nheads
+        G = H // a.heads_per_group
+        g = h // a.heads_per_group
+        p0 = ptile * P_TILE
+
+        def view(pointer, shape, *strides):
+            return cute.make_tensor(pointer, cute.make_layout(shape, stride=strides))
+
+        def vec(stride):
+            return cute.assume(stride, divby=VECTOR)
+
+        dout = view(a.dout, (a.batch, L, H, P), vec(a.stride_dout_batch), vec(a.stride_dout_seqlen),
+                    vec(a.stride_dout_head), 1)
+        z = view(a.z, (a.batch, L, H, P), vec(a.stride_z_batch), vec(a.stride_z_seqlen), vec(a.stride_z_head), 1)
+        Cm = view(a.C, (a.batch, L, G, N), vec(a.stride_C_batch), vec(a.stride_C_seqlen), vec(a.stride_C_group), 1)
+        dt = view(a.dt, (a.batch, L, H), a.stride_dt_batch, a.stride_dt_seqlen, a.stride_dt_head)
+        seq_idx = view(a.seq_idx, (a.batch, L), a.stride_seq_idx_batch, a.stride_seq_idx_seqlen)
+        dfinal = view(a.dfinal_states, (a.num_seqs, H, P, N), a.stride_dfinal_states_seq,
+                      a.stride_dfinal_states_head, N, 1)
+        dinitial = view(a.dinitial_states, (a.num_seqs, H, P, N), a.stride_dinitial_states_seq,
+                        a.stride_dinitial_states_head, N, 1)
+        dstates = view(a.dstates, (a.batch, a.nblocks, H, P, N), a.stride_dstates_batch, a.stride_dstates_block,
+                       a.stride_dstates_head, N, 1)
+
+        row = source
+        start = Int32(0)
+        end = L
+        seq = source
+        if a.has_cu_seqlens != 0:
+            cu = view(a.cu_seqlens, (a.num_seqs + 1,), a.stride_cu_seqlens_seq)
+            row = Int32(0)
+            start = cute.math.min(cute.math.max(cu[source], Int32(0)), L)
+            end = cute.math.min(cute.math.max(cu[source + 1], start), L)
+        if a.has_seq_idx != 0:
+            seq = _count_changes(seq_idx, row, start, end, lane, warp_id)  # the row's last sequence
+
+        storage = cutlass.utils.SmemAllocator().allocate(self._shared_storage(io_type))
+        sDout = storage.dout.get_tensor(smem_layout((TILE, P_TILE)))
+        sZ = storage.z.get_tensor(smem_layout((TILE, P_TILE)))
+        sC = storage.C.get_tensor(smem_layout((TILE, N)))
+        sGe = storage.gated.get_tensor(smem_layout((TILE, P_TILE)))
+        sCs = storage.cs.get_tensor(cute.make_layout((TILE,)))
+        sChanges = storage.changes.get_tensor(cute.make_layout((2,)))
+
+        wm, wn = self.warps
+        tiled_mma = cute.make_tiled_mma(warp.MmaF16BF16Op(io_type, Float32, (16, 8, 16)), cute.make_layout((wm, wn, 1)),
+                                        permutation_mnk=(wm * 16, wn * 16, 16))
+        mma = MmaParts(tiled_mma, tid, io_type)
+        g2s = async_tile_copy(io_type, self.threads)
+        thr = g2s.get_slice(tid)
+        ident_x = cute.make_identity_tensor((L, P))
+        ident_C = cute.make_identity_tensor((L, N))
+
+        A_log2 = view(a.A, (H,), a.stride_A_head)[h] * Float32(LOG2_E)
+        bias = Float32(0.0)
+        if a.has_dt_bias != 0:
+            bias = view(a.dt_bias, (H,), a.stride_dt_bias_head)[h]
+
+        blk_first = start // TILE
+        blk_count = (end + TILE - 1) // TILE - blk_first
+        if end <= start:
+            blk_count = Int32(0)
+        acc = cute.make_rmem_tensor(mma.thr.partition_shape_C((P_TILE, N)), Float32)
+        acc.fill(0.0)
+
+        for i in range(blk_count):
+            blk = blk_first + blk_count - 1 - i
+            block_start = blk * TILE
+            cute.arch.sync_threads()  # every warp done with the previous block's tiles
+            load_tile(g2s, thr, dout[row, None, h, None], ident_x, sDout, (TILE, P_TILE), (blk, ptile), L)
+            if a.has_z != 0:
+                load_tile(g2s, thr, z[row, None, h, None], ident_x, sZ, (TILE, P_TILE), (blk, ptile), L)
+            load_tile(g2s, thr, Cm[row, None, g, None], ident_C, sC, (TILE, N), (blk, 0), L)
+            cute.arch.cp_async_commit_group()
+            if warp_id == 0:
+                self._scan_block(a, dt, seq_idx, row, h, block_start, start, end, bias, A_log2, sCs, sChanges, lane)
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.sync_threads()
+
+            changes_lo = sChanges[0]
+            changes_hi = sChanges[1]
+            seg_first = cute.math.max(start, block_start) - block_start
+            s1 = cute.math.min(end, block_start + TILE) - block_start
+            block_last = cute.math.min(block_start + TILE, L) - block_start
+            while s1 > seg_first:
+                s0 = cute.math.max(previous_change(changes_lo, changes_hi, s1 - 1), seg_first)
+                ends_sequence = Int32(0)
+                if block_start + s1 == end:
+                    ends_sequence = Int32(1)
+                if s1 < TILE:
+                    ends_sequence = ends_sequence | mask_bit(changes_lo, changes_hi, s1)
+                if ends_sequence != 0:
+                    valid = Int32(0)
+                    if a.has_dfinal_states != 0:
+                        if seq < a.num_seqs:
+                            valid = Int32(1)
+                    load_state(acc, mma, dfinal[cute.math.min(seq, a.num_seqs - 1), h, None, None], p0, valid)
+                if s1 == block_last:
+                    store_state(dstates[row, blk, h, None, None], mma, acc, p0, Float32)
+
+                self._run(a, mma, acc, sDout, sZ, sGe, sC, sCs, s0, s1, tid, io_type)
+
+                starts_sequence = mask_bit(changes_lo, changes_hi, s0)
+                if block_start + s0 == start:
+                    starts_sequence = Int32(1)
+                if starts_sequence != 0:
+                    if a.has_dinitial_states != 0:
+                        if seq < a.num_seqs:
+                            store_state(dinitial[seq, h, None, None], mma, acc, p0, Float32)
+                    if a.has_seq_idx != 0:
+                        seq = seq - 1
+                s1 = s0
+
+    @cute.jit
+    def _run(self, a, mma, acc, sDout, sZ, sGe, sC, sCs, s0, s1, tid, io_type: cutlass.Constexpr):
+        """dh ← 2^(cs_end - base) · dh + (e ⊙ G)ᵀ·C over the rows [s0, s1) of the block."""
+        base = Float32(0.0)
+        if s0 > 0:
+            base = sCs[s0 - 1]
+        cs_end = sCs[s1 - 1]
+        cute.arch.sync_threads()  # every warp done reading the last run's scaled rows
+        self._gated_rows(a, sDout, sZ, sGe, sCs, base, s0, s1, tid, io_type)
+        cute.arch.sync_threads()
+        decay = cute.math.exp2(cute.math.min(cs_end - base, Float32(0.0)), fastmath=True)
+        for e in cutlass.range_constexpr(cute.size(acc)):
+            acc[e] = acc[e] * decay
+        mma.gemm(acc, transposed(sGe, TILE, P_TILE), transposed(sC, TILE, self.d_state), TILE // 16,
+                 a_transposed=True, b_transposed=True)
+
+    def _shared_storage(self, io_type):
+        N = self.d_state
+
+        @cute.struct
+        class SharedStorage:
+            dout: cute.struct.Align[cute.struct.MemRange[io_type, TILE * P_TILE], SMEM_ALIGN]
+            z: cute.struct.Align[cute.struct.MemRange[io_type, TILE * P_TILE], SMEM_ALIGN]
+            C: cute.struct.Align[cute.struct.MemRange[io_type, TILE * N], SMEM_ALIGN]
+            gated: cute.struct.Align[cute.struct.MemRange[io_type, TILE * P_TILE], SMEM_ALIGN]
+            cs: cute.struct.Align[cute.struct.MemRange[Float32, TILE], SMEM_ALIGN]
+            changes: cute.struct.Align[cute.struct.MemRange[Int32, 2], SMEM_ALIGN]
+
+        return SharedStorage
+
+    @cute.jit
+    def _scan_block(self, a, dt, seq_idx, row, h, block_start, start, end, bias, A_log2, sCs, sChanges, lane):
+        """Warp 0: the block's cumsum of Δ·A·log2(e) (Δ = 0 outside [start, end)) and the mask of rows where
+        seq_idx differs from the row before (a sequence start inside [start, end))."""
+        tok0 = block_start + lane
+        tok1 = tok0 + 32
+        d0 = Float32(0.0)
+        d1 = Float32(0.0)
+        change0 = Int32(0)
+        change1 = Int32(0)
+        if (tok0 >= start) & (tok0 < end):
+            d0 = delta_from_dt(dt[row, tok0, h].to(Float32), bias, a.dt_softplus, a.dt_min, a.dt_max)
+            if a.has_seq_idx != 0:
+                if tok0 > start:
+                    if seq_idx[row, tok0] != seq_idx[row, tok0 - 1]:
+                        change0 = Int32(1)
+        if (tok1 >= start) & (tok1 < end):
+            d1 = delta_from_dt(dt[row, tok1, h].to(Float32), bias, a.dt_softplus, a.dt_min, a.dt_max)
+            if a.has_seq_idx != 0:
+                if seq_idx[row, tok1] != seq_idx[row, tok1 - 1]:
+                    change1 = Int32(1)
+        c0, c1 = block_cumsum(d0, d1, A_log2, lane)
+        sCs[lane] = c0
+        sCs[lane + 32] = c1
+        lo = cute.arch.vote_ballot_sync(change0 != 0)
+        hi = cute.arch.vote_ballot_sync(change1 != 0)
+        if lane == 0:
+            sChanges[0] = Int32(lo)
+            sChanges[1] = Int32(hi)
+
+    @cute.jit
+    def _gated_rows(self, a, sDout, sZ, sGe, sCs, base, s0, s1, tid, io_type: cutlass.Constexpr):
+        """sGe[i] = 2^(cs_i - base) · dout_i ⊙ silu(z_i) for rows i in [s0, s1), zero elsewhere (row-wise vectors)."""
+        per_row = self.threads // TILE
+        s = tid // per_row
+        part = tid % per_row
+        factor = Float32(0.0)
+        if (s >= s0) & (s < s1):
+            factor = cute.math.exp2(cute.math.min(sCs[s] - base, Float32(0.0)), fastmath=True)
+        chunks = P_TILE // CHUNK
+        src = cute.zipped_divide(sDout[s, None], (CHUNK,))
+        gate = cute.zipped_divide(sZ[s, None], (CHUNK,))
+        dst = cute.zipped_divide(sGe[s, None], (CHUNK,))
+        for k in cutlass.range_constexpr(chunks // per_row):
+            chunk = part * (chunks // per_row) + k
+            values = cute.make_rmem_tensor((CHUNK,), Float32)
+            values.store(src[None, chunk].load().to(Float32) * factor)
+            if a.has_z != 0:
+                zs = cute.make_rmem_tensor((CHUNK,), Float32)
+                zs.store(gate[None, chunk].load().to(Float32))
+                for e in cutlass.range_constexpr(CHUNK):
+                    values[e] = values[e] * silu(zs[e])
+            dst[None, chunk].store(values.load().to(io_type))
+
+
+@cute.jit
+def _count_changes(seq_idx, row, start, end, lane, warp_id) -> Int32:
+    """The number of rows in (start, end) where seq_idx differs from the row before (every warp computes it)."""
+    count = Int32(0)
+    for base in range(start + 1, end, 32):
+        tok = base + lane
+        change = Int32(0)
+        if tok < end:
+            if seq_idx[row, tok] != seq_idx[row, tok - 1]:
+                change = Int32(1)
+        count = count + Int32(cute.arch.popc(cute.arch.vote_ballot_sync(change != 0)))
+    return count

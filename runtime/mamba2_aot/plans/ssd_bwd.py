@@ -1,0 +1,318 @@
+"""Launch plan of ``ssd_bwd``: the Mamba-2 chunked SSD backward (BRIEF §2 "ssd_bwd"), four launches in order.
+
+Call::
+
+    launch("ssd_bwd", x=x, dt=dt, A=A, B=B, C=C, dout=dout, dx=dx, ddt=ddt, dA=dA, dB=dB, dC=dC,
+           workspace=workspace, D=None, z=None, dt_bias=None, dt_softplus=False, dt_limit=(0.0, inf),
+           initial_states=None, initial_state_indices=None, dfinal_states=None, seq_idx=None, cu_seqlens=None,
+           dD=None, dz=None, ddt_bias=None, dinitial_states=None, stream=None)
+
+The forward's arguments (x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states,
+initial_state_indices, seq_idx, cu_seqlens) are exactly ``ssd_fwd``'s (see plans/ssd_fwd.py), and so are its
+rules. The gradients:
+
+=================  ==========================  ======  =============================================================
+argument           shape                       dtype   notes
+=================  ==========================  ======  =============================================================
+dout               (batch, L, H, P)            io      gradient of ``out``, read; last dim contiguous, 16-byte rows
+dfinal_states      (num_seqs, H, P, N) / None  fp32    gradient of each sequence's final state, read (zero if None)
+dx, dz             like x / z                  io      written (dz: required with z, refused without)
+ddt                like dt                     io      written: d loss / d raw dt (through dt_bias, softplus, limit)
+dA                 (H,)                        fp32    written
+dB, dC             like B / C                  io      written (summed over the heads of a group)
+dD                 like D                      fp32    written (required with D, refused without)
+ddt_bias           (H,)                        fp32    written (required with dt_bias, refused without)
+dinitial_states    (num_seqs, H, P, N) / None  fp32    written: gradient of each sequence's initial state (also
+                                                       without initial_states: the gradient at a zero state)
+workspace          (n,) with n >= size / 4     fp32    scratch; ``workspace_size("ssd_bwd", x=x, B=B)`` bytes
+=================  ==========================  ======  =============================================================
+
+State blocks (num_seqs, H, P, N) are contiguous P × N matrices per (sequence, head). num_seqs is batch, the
+sequences of cu_seqlens, or with seq_idx (batch 1) the first dim of the state arrays given. dx, ddt and dz are
+zero on rows outside every cu_seqlens sequence; dout must be finite there. Nothing is accumulated into: every
+gradient is overwritten.
+
+Launches (one stream, in order; everything validated before the first):
+
+1. ``ssd_fwd`` recomputes the forward with ``chunk_size`` 64: the state after every 64-token block
+   (``workspace.states``) and y before the z gate (``workspace.y``);
+2. ``ssd_bwd_dstates`` walks each sequence backwards: the state gradient after every block (``workspace.dstates``)
+   and ``dinitial_states``;
+3. ``ssd_bwd_chunk``, one CTA per (64-token block, group, row): dx, ddt, dz, dB, dC and per-block partial sums
+   (``workspace.partials``);
+4. ``ssd_bwd_reduce``, one CTA per head: dA, dD, ddt_bias.
+
+Workspace (fp32 elements, each region 256-byte aligned): y (batch·L·H·P, io dtype), states and dstates
+(batch · ceil(L/64) · H · P · N each, fp32) and partials (batch · ceil(L/64) · H · (P + 2), fp32). Deterministic:
+no atomics, every sum in a fixed order, so repeated calls give bitwise-identical gradients.
+"""
+from __future__ import annotations
+
+import math
+
+from ..errors import InvalidArgumentError, ShapeError, StrideError
+from ..tensors import DeviceArray, ITEMSIZE, as_device_array
+from ..validation import (GRID_YZ_MAX, BoundCall, expect_dim, expect_dtype, expect_given, expect_rank, expect_shape,
+                          expect_complete, null_absent, record_strides, stride_names)
+from .base import CompositePlan, LaunchPlan
+from .ssd_fwd import IO_DTYPES, SsdForwardPlan, expect_vector_operand
+from .ssm_inputs import SSM_STRIDES
+
+BLOCK = 64         # tokens per block of the backward (and of the recomputed forward's states)
+ALIGN = 256        # bytes: alignment of each workspace region
+PARTIAL_EXTRA = 2  # partials[..., P] = dA, [..., P + 1] = ddt_bias
+
+
+class _StepPlan(LaunchPlan):
+    """A kernel that only runs as a step of ``ssd_bwd`` (registered so that preload and the manifest checks see
+    it); launching it on its own is refused."""
+
+    def bind(self, **kwargs) -> BoundCall:
+        raise InvalidArgumentError("family", f"{self.family} is a step of ssd_bwd: call launch('ssd_bwd', ...)")
+
+
+class SsdBackwardStatesPlan(_StepPlan):
+    family = "ssd_bwd_dstates"
+    grid_rule = "headdim/64,heads,sequences"
+    param_names = (
+        ("dout", "z", "dt", "A", "C", "dt_bias", "dfinal_states", "dinitial_states", "dstates", "seq_idx", "cu_seqlens",
+         "batch", "seqlen", "nheads", "heads_per_group", "num_seqs", "nblocks")
+        + stride_names("dout", "batch", "seqlen", "head") + stride_names("z", "batch", "seqlen", "head")
+        + stride_names("dt", "batch", "seqlen", "head") + stride_names("A", "head")
+        + stride_names("C", "batch", "seqlen", "group") + stride_names("dt_bias", "head")
+        + stride_names("dfinal_states", "seq", "head") + stride_names("dinitial_states", "seq", "head")
+        + stride_names("dstates", "batch", "block", "head") + stride_names("seq_idx", "batch", "seqlen")
+        + stride_names("cu_seqlens", "seq")
+        + ("has_z", "has_dt_bias", "dt_softplus", "has_dfinal_states", "has_dinitial_states", "has_seq_idx",
+           "has_cu_seqlens", "dt_min", "dt_max")
+    )
+
+
+class SsdBackwardChunkPlan(_StepPlan):
+    family = "ssd_bwd_chunk"
+    grid_rule = "seqlen/64,groups,batch"
+    param_names = (
+        ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "out", "dout", "dx", "ddt", "dB", "dC", "dz",
+         "initial_states", "initial_state_indices", "states", "dfinal_states", "dstates", "partials",
+         "seq_idx", "cu_seqlens",
+         "batch", "seqlen", "nheads", "heads_per_group", "num_seqs", "num_initial_slots", "nblocks")
+        + SSM_STRIDES
+        + stride_names("dout", "batch", "seqlen", "head") + stride_names("dx", "batch", "seqlen", "head")
+        + stride_names("ddt", "batch", "seqlen", "head") + stride_names("dB", "batch", "seqlen", "group")
+        + stride_names("dC", "batch", "seqlen", "group") + stride_names("dz", "batch", "seqlen", "head")
+        + stride_names("initial_states", "slot", "head") + stride_names("initial_state_indices", "seq")
+        + stride_names("states", "batch", "block", "head") + stride_names("dfinal_states", "seq", "head")
+        + stride_names("dstates", "batch", "block", "head") + stride_names("partials", "batch", "block", "head")
+        + stride_names("seq_idx", "batch", "seqlen") + stride_names("cu_seqlens", "seq")
+        + ("has_D", "has_z", "has_dt_bias", "dt_softplus", "has_initial_states", "has_initial_state_indices",
+           "has_dfinal_states", "has_seq_idx", "has_cu_seqlens", "dt_min", "dt_max")
+    )
+
+
+class SsdBackwardReducePlan(_StepPlan):
+    family = "ssd_bwd_reduce"
+    grid_rule = "heads"
+    param_names = (
+        ("partials", "dD", "dA", "ddt_bias", "batch", "nblocks", "nheads")
+        + stride_names("partials", "batch", "block", "head") + stride_names("dD", "head", "dim")
+        + stride_names("dA", "head") + stride_names("ddt_bias", "head")
+        + ("has_dD", "dD_per_head", "has_ddt_bias")
+    )
+
+
+class Workspace:
+    """The regions of the caller's fp32 workspace, as device arrays named for the kernel parameters they feed."""
+
+    def __init__(self, batch: int, seqlen: int, nheads: int, headdim: int, d_state: int, io: str):
+        nblocks = -(-seqlen // BLOCK)
+        state_shape = (batch, nblocks, nheads, headdim, d_state)
+        self.layout = [("out", (batch, seqlen, nheads, headdim), io), ("states", state_shape, "fp32"),
+                       ("dstates", state_shape, "fp32"), ("partials", (batch, nblocks, nheads, headdim + PARTIAL_EXTRA),
+                                                          "fp32")]
+        self.offsets, offset = {}, 0
+        for name, shape, dtype in self.layout:
+            self.offsets[name] = offset
+            offset += -(-math.prod(shape) * ITEMSIZE[dtype] // ALIGN) * ALIGN
+        self.size = offset
+
+    def views(self, ws: DeviceArray) -> dict[str, DeviceArray]:
+        views = {}
+        for name, shape, dtype in self.layout:
+            strides = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+            views[name] = DeviceArray(name, ws.ptr + self.offsets[name], shape, strides, dtype, ws.device,
+                                      stream=ws.stream)
+        return views
+
+
+def _rename(arr: DeviceArray | None, name: str) -> DeviceArray | None:
+    return None if arr is None else arr._replace(name=name)
+
+
+class SsdBackwardPlan(CompositePlan):
+    family = "ssd_bwd"
+    arrays = ("x", "dt", "A", "B", "C", "dout", "dx", "ddt", "dA", "dB", "dC", "workspace", "D", "z", "dt_bias",
+              "initial_states", "initial_state_indices", "dfinal_states", "seq_idx", "cu_seqlens", "dD", "dz",
+              "ddt_bias", "dinitial_states")
+
+    def workspace_size(self, *, x, B, **_) -> int:
+        """Bytes of workspace for a call with these x (batch, L, H, P) and B (batch, L, G, N) (any array objects)."""
+        x, B = as_device_array(x, "x"), as_device_array(B, "B")
+        expect_rank(x, 4, "(batch, seqlen, nheads, headdim)")
+        expect_rank(B, 4, "(batch, seqlen, ngroups, d_state)")
+        return Workspace(*x.shape, B.shape[3], x.dtype).size
+
+    def steps(self, *, x, dt, A, B, C, dout, dx, ddt, dA, dB, dC, workspace, D=None, z=None, dt_bias=None,
+              dt_softplus=False, dt_limit=(0.0, math.inf), initial_states=None, initial_state_indices=None,
+              dfinal_states=None, seq_idx=None, cu_seqlens=None, dD=None, dz=None, ddt_bias=None,
+              dinitial_states=None) -> list[tuple[str, BoundCall]]:
+        """Validate a call (see the module docstring) and bind its four launches. Raises the
+        InvalidArgumentError subclasses."""
+        expect_given(x=x, dt=dt, A=A, B=B, C=C, dout=dout, dx=dx, ddt=ddt, dA=dA, dB=dB, dC=dC, workspace=workspace)
+        expect_dtype(x, IO_DTYPES)
+        expect_rank(x, 4, "(batch, seqlen, nheads, headdim)")
+        expect_rank(B, 4, "(batch, seqlen, ngroups, d_state)")
+        batch, seqlen, nheads, headdim = x.shape
+        d_state = B.shape[3]
+        io = x.dtype
+        ws = Workspace(batch, seqlen, nheads, headdim, d_state, io)
+        expect_dtype(workspace, ("fp32",))
+        expect_rank(workspace, 1, "(n,)")
+        if workspace.shape[0] * 4 < ws.size or (workspace.shape[0] > 1 and workspace.strides[0] != 1):
+            raise ShapeError("workspace", f"workspace: needs {ws.size // 4} contiguous fp32 elements "
+                             f"(workspace_size('ssd_bwd', ...) = {ws.size} bytes), got shape {workspace.shape} "
+                             f"strides {workspace.strides}")
+        if workspace.ptr % 16:
+            raise InvalidArgumentError("workspace", f"workspace: data pointer {workspace.ptr:#x} must be 16-byte aligned")
+        views = ws.views(workspace)
+
+        # 1. the forward, recomputed: its validation is the forward's own
+        forward = SsdForwardPlan().bind(
+            x=x, dt=dt, A=A, B=B, C=C, out=views["out"], chunk_size=BLOCK, D=D, dt_bias=dt_bias,
+            dt_softplus=dt_softplus, dt_limit=dt_limit, initial_states=initial_states,
+            initial_state_indices=initial_state_indices, chunk_states=_rename(views["states"], "chunk_states"),
+            seq_idx=seq_idx, cu_seqlens=cu_seqlens)
+        fp = forward.params
+        G = nheads // fp["heads_per_group"]
+        nblocks = -(-seqlen // BLOCK)
+
+        # the gradients' shapes follow their inputs'
+        for name, grad, source in (("dz", dz, z), ("dD", dD, D), ("ddt_bias", ddt_bias, dt_bias)):
+            if grad is not None and source is None:
+                raise InvalidArgumentError(name, f"{name}: given without {name[1:]}")
+            if grad is None and source is not None:
+                raise InvalidArgumentError(name, f"{name}: required when {name[1:]} is given")
+        for grad, like in ((dout, x), (dx, x), (dz, z), (ddt, dt), (dB, B), (dC, C)):
+            if grad is not None:
+                expect_dtype(grad, (io,))
+                expect_shape(grad, like.shape, f"the shape of {like.name}")
+        expect_vector_operand(dout)
+        if z is not None:
+            expect_dtype(z, (io,))
+            expect_shape(z, x.shape, "(batch, seqlen, nheads, headdim) of x")
+            expect_vector_operand(z)
+        expect_dtype(dA, ("fp32",))
+        expect_shape(dA, (nheads,), "(nheads,)")
+        if dD is not None:
+            expect_dtype(dD, ("fp32",))
+            expect_shape(dD, D.shape, "the shape of D")
+        if ddt_bias is not None:
+            expect_dtype(ddt_bias, ("fp32",))
+            expect_shape(ddt_bias, (nheads,), "(nheads,)")
+
+        # sequences, and the per-sequence state gradients
+        num_seqs = fp["num_seqs"]
+        sources = num_seqs if cu_seqlens is not None else batch
+        state_grads = [a for a in (dfinal_states, dinitial_states) if a is not None]
+        if seq_idx is not None and state_grads:
+            if batch != 1:
+                raise ShapeError("x", f"x: per-sequence state gradients with seq_idx need batch == 1, got {batch}")
+            if initial_states is None:
+                num_seqs = state_grads[0].shape[0] if state_grads[0].shape else 0
+        for arr in state_grads:
+            expect_dtype(arr, ("fp32",))
+            expect_shape(arr, (num_seqs, nheads, headdim, d_state), "(num_seqs, nheads, headdim, d_state)")
+            if arr.strides[2:] != (d_state, 1):
+                raise StrideError(arr.name, f"{arr.name}: each (sequence, head) block must be a contiguous headdim × "
+                                  f"d_state matrix, got strides {arr.strides}")
+
+        common = {"batch": batch, "seqlen": seqlen, "nheads": nheads, "heads_per_group": fp["heads_per_group"],
+                  "num_seqs": num_seqs, "nblocks": nblocks, "dt_softplus": fp["dt_softplus"], "dt_min": fp["dt_min"],
+                  "dt_max": fp["dt_max"]}
+        packing = {name: fp[name] for name in ("seq_idx", "cu_seqlens", "has_seq_idx", "has_cu_seqlens")}
+        packing.update((p, fp[p]) for p in stride_names("seq_idx", "batch", "seqlen") + stride_names("cu_seqlens", "seq"))
+        packing_arrays = [a for a in (seq_idx, cu_seqlens) if a is not None]
+
+        # 2. the state gradient, backwards
+        dstates = views["dstates"]
+        sp = {**common, **packing, "dout": dout.ptr, "dt": dt.ptr, "A": A.ptr, "C": C.ptr, "dstates": dstates.ptr}
+        for arr, dims in ((dout, ("batch", "seqlen", "head")), (dt, ("batch", "seqlen", "head")), (A, ("head",)),
+                          (C, ("batch", "seqlen", "group")), (dstates, ("batch", "block", "head"))):
+            record_strides(sp, arr, dims)
+        optional = {"z": (z, ("batch", "seqlen", "head")), "dt_bias": (dt_bias, ("head",)),
+                    "dfinal_states": (dfinal_states, ("seq", "head")),
+                    "dinitial_states": (dinitial_states, ("seq", "head"))}
+        for name, (arr, dims) in optional.items():
+            sp[name] = arr.ptr if arr is not None else 0
+            sp[f"has_{name}"] = int(arr is not None)
+            if arr is not None:
+                record_strides(sp, arr, dims)
+        null_absent(sp, SsdBackwardStatesPlan.param_names, optional)
+        expect_complete(sp, SsdBackwardStatesPlan.param_names, "ssd_bwd_dstates")
+        expect_dim("x", "nheads (dim 2)", nheads, maximum=GRID_YZ_MAX)
+        states_call = BoundCall(
+            constants={"headdim": headdim, "d_state": d_state, "io_dtype": io},
+            grid=(headdim // BLOCK, nheads, sources), params=sp,
+            inputs=tuple([dout, dt, A, C] + [a for a in (z, dt_bias, dfinal_states) if a is not None]
+                         + packing_arrays),
+            outputs=tuple([dstates] + ([dinitial_states] if dinitial_states is not None else [])))
+
+        # 3. the per-block gradients
+        states, partials, y = views["states"], views["partials"], views["out"]
+        cp = {name: fp[name] for name in SsdBackwardChunkPlan.param_names if name in fp and name != "out"}
+        cp.update(common, **packing, out=y.ptr, dout=dout.ptr, dx=dx.ptr, ddt=ddt.ptr, dB=dB.ptr, dC=dC.ptr,
+                  states=states.ptr, dstates=dstates.ptr, partials=partials.ptr, z=0, has_z=int(z is not None),
+                  dfinal_states=dfinal_states.ptr if dfinal_states is not None else 0,
+                  has_dfinal_states=int(dfinal_states is not None))
+        for arr, dims in ((y, ("batch", "seqlen", "head")), (dout, ("batch", "seqlen", "head")),
+                          (dx, ("batch", "seqlen", "head")), (ddt, ("batch", "seqlen", "head")),
+                          (dB, ("batch", "seqlen", "group")), (dC, ("batch", "seqlen", "group")),
+                          (states, ("batch", "block", "head")), (dstates, ("batch", "block", "head")),
+                          (partials, ("batch", "block", "head"))):
+            record_strides(cp, arr, dims)
+        for arr, name in ((z, "z"), (dz, "dz"), (dfinal_states, "dfinal_states")):
+            if arr is not None:
+                cp[name] = arr.ptr
+                record_strides(cp, arr, ("seq", "head") if name == "dfinal_states" else ("batch", "seqlen", "head"))
+        null_absent(cp, SsdBackwardChunkPlan.param_names, ("z", "dz", "dfinal_states"))
+        expect_complete(cp, SsdBackwardChunkPlan.param_names, "ssd_bwd_chunk")
+        expect_dim("B", "ngroups (dim 2)", G, maximum=GRID_YZ_MAX)
+        expect_dim("x", "batch (dim 0)", batch, maximum=GRID_YZ_MAX)
+        chunk_call = BoundCall(
+            constants={"headdim": headdim, "d_state": d_state, "io_dtype": io,
+                       "state_dtype": forward.constants["state_dtype"]},
+            grid=(nblocks, G, batch), params=cp,
+            inputs=tuple(forward.inputs) + tuple(a for a in (z, y, dout, states, dstates, dfinal_states)
+                                                 if a is not None),
+            outputs=tuple(a for a in (dx, ddt, dB, dC, dz, partials) if a is not None))
+
+        # 4. the sums over tokens
+        rp = {"partials": partials.ptr, "dA": dA.ptr, "batch": batch, "nblocks": nblocks, "nheads": nheads,
+              "dD": dD.ptr if dD is not None else 0, "has_dD": int(dD is not None),
+              "dD_per_head": int(D is not None and len(D.shape) == 1),
+              "ddt_bias": ddt_bias.ptr if ddt_bias is not None else 0, "has_ddt_bias": int(ddt_bias is not None)}
+        record_strides(rp, partials, ("batch", "block", "head"))
+        record_strides(rp, dA, ("head",))
+        if dD is not None:
+            if len(dD.shape) == 1:
+                rp.update(stride_dD_head=dD.strides[0], stride_dD_dim=0)
+            else:
+                record_strides(rp, dD, ("head", "dim"))
+        if ddt_bias is not None:
+            record_strides(rp, ddt_bias, ("head",))
+        null_absent(rp, SsdBackwardReducePlan.param_names, ("dD", "ddt_bias"))
+        expect_complete(rp, SsdBackwardReducePlan.param_names, "ssd_bwd_reduce")
+        reduce_call = BoundCall(constants={"headdim": headdim}, grid=(nheads, 1, 1), params=rp, inputs=(partials,),
+                                outputs=tuple(a for a in (dA, dD, ddt_bias) if a is not None))
+
+        return [("ssd_fwd", forward), ("ssd_bwd_dstates", states_call), ("ssd_bwd_chunk", chunk_call),
+                ("ssd_bwd_reduce", reduce_call)]

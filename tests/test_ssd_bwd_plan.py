@@ -1,0 +1,96 @@
+"""The ssd_bwd plan on the CPU: a valid call binds its four launches (every kernel parameter, grids, variants, the
+workspace regions); each bad input is refused with a typed error naming the argument, before anything launches."""
+import pytest
+
+from mamba2_aot import errors
+from mamba2_aot.plans import PLANS
+from mamba2_aot.tensors import as_device_array
+from runtime_fakes import expect_refused, fake_array, no_driver  # noqa: F401  (fixture)
+
+MB = 1 << 20
+BATCH, L, H, P, N, G = 2, 300, 8, 64, 128, 2
+NBLOCKS = 5
+
+
+def workspace_elements():
+    return PLANS["ssd_bwd"].workspace_size(x=fake_array(0x1000, (BATCH, L, H, P), "fp16"),
+                                           B=fake_array(0x1000, (BATCH, L, G, N), "fp16")) // 4
+
+
+def bwd_args(**over):
+    """Valid fake arguments (fp16: the CAI fakes have no bf16), each array 64 MiB apart."""
+    base = iter(range(0x10000000, 0x100000000, 64 * MB))
+    arr = lambda shape, dtype="fp16": fake_array(next(base), shape, dtype)  # noqa: E731
+    args = dict(x=arr((BATCH, L, H, P)), dt=arr((BATCH, L, H)), A=arr((H,), "fp32"), B=arr((BATCH, L, G, N)),
+                C=arr((BATCH, L, G, N)), D=arr((H, P), "fp32"), z=arr((BATCH, L, H, P)), dt_bias=arr((H,), "fp32"),
+                initial_states=arr((BATCH, H, P, N), "fp32"), dt_softplus=True,
+                dout=arr((BATCH, L, H, P)), dfinal_states=arr((BATCH, H, P, N), "fp32"),
+                dx=arr((BATCH, L, H, P)), ddt=arr((BATCH, L, H)), dA=arr((H,), "fp32"), dB=arr((BATCH, L, G, N)),
+                dC=arr((BATCH, L, G, N)), dD=arr((H, P), "fp32"), dz=arr((BATCH, L, H, P)),
+                ddt_bias=arr((H,), "fp32"), dinitial_states=arr((BATCH, H, P, N), "fp32"))
+    args["workspace"] = fake_array(0x1_0000_0000, (workspace_elements(),), "fp32")
+    args.update(over)
+    return args
+
+
+def steps(**args):
+    plan = PLANS["ssd_bwd"]
+    return plan.steps(**{k: as_device_array(v, k) if k in plan.arrays and v is not None else v
+                         for k, v in args.items()})
+
+
+def test_valid_call_binds_four_launches():
+    bound = steps(**bwd_args())
+    assert [family for family, _ in bound] == ["ssd_fwd", "ssd_bwd_dstates", "ssd_bwd_chunk", "ssd_bwd_reduce"]
+    for family, call in bound:
+        assert set(call.params) == set(PLANS[family].param_names), family
+    forward, states, chunk, reduce = (call for _, call in bound)
+    assert forward.params["chunk_size"] == 64 and forward.params["has_chunk_states"] == 1
+    assert forward.params["has_z"] == 0  # the recomputed y is taken before the gate
+    assert states.grid == (1, H, BATCH) and chunk.grid == (NBLOCKS, G, BATCH) and reduce.grid == (H, 1, 1)
+    assert chunk.constants == {"headdim": P, "d_state": N, "io_dtype": "fp16", "state_dtype": "fp32"}
+    assert chunk.params["has_z"] == 1 and chunk.params["has_dfinal_states"] == 1
+    assert reduce.params["dD_per_head"] == 0 and reduce.params["has_ddt_bias"] == 1
+    # the workspace regions: inside the workspace, 256-byte aligned, disjoint, and the same memory in every step
+    ws = bwd_args()["workspace"]
+    lo, hi = 0x1_0000_0000, 0x1_0000_0000 + workspace_elements() * 4
+    regions = {"out": forward.params["out"], "states": chunk.params["states"], "dstates": chunk.params["dstates"],
+               "partials": chunk.params["partials"]}
+    assert forward.params["chunk_states"] == regions["states"] and states.params["dstates"] == regions["dstates"]
+    assert reduce.params["partials"] == regions["partials"]
+    starts = sorted(regions.values())
+    assert all(lo <= s < hi and s % 256 == 0 for s in starts) and len(set(starts)) == 4
+    assert ws is not None
+
+
+def test_per_head_D_and_no_optional_gradients():
+    args = bwd_args(D=fake_array(0x7f000000, (H,), "fp32"), dD=fake_array(0x7e000000, (H,), "fp32"))
+    for name in ("z", "dz", "dt_bias", "ddt_bias", "dfinal_states", "dinitial_states", "initial_states"):
+        args.pop(name)
+    _, _, (_, chunk), (_, reduce) = steps(**args)
+    assert reduce.params["dD_per_head"] == 1 and reduce.params["stride_dD_dim"] == 0
+    assert chunk.params["has_z"] == 0 and chunk.params["dz"] == 0 and chunk.params["has_dfinal_states"] == 0
+
+
+@pytest.mark.parametrize("over,error,argument,fragment", [
+    ({"dz": None}, errors.InvalidArgumentError, "dz", "required when z is given"),
+    ({"z": None}, errors.InvalidArgumentError, "dz", "given without z"),
+    ({"dD": fake_array(0x7f000000, (H,), "fp32")}, errors.ShapeError, "dD", "the shape of D"),
+    ({"dout": fake_array(0x7f000000, (BATCH, L, H, P), "fp32")}, errors.DTypeError, "dout", "fp16"),
+    ({"dB": fake_array(0x7f000000, (BATCH, L, 1, N), "fp16")}, errors.ShapeError, "dB", "the shape of B"),
+    ({"workspace": fake_array(0x7f000000, (1000,), "fp32")}, errors.ShapeError, "workspace", "workspace_size"),
+    ({"dinitial_states": fake_array(0x7f000000, (BATCH, H, P, N), "fp16")}, errors.DTypeError, "dinitial_states",
+     "fp32"),
+    ({"dfinal_states": fake_array(0x7f000000, (3, H, P, N), "fp32")}, errors.ShapeError, "dfinal_states",
+     "num_seqs"),
+])
+def test_bad_input_is_refused_before_anything_launches(no_driver, over, error, argument, fragment):
+    expect_refused("ssd_bwd", bwd_args(**over), error, argument, fragment)
+
+
+def test_a_step_cannot_be_launched_alone(no_driver):
+    expect_refused("ssd_bwd_chunk", {}, errors.InvalidArgumentError, "family", "launch('ssd_bwd', ...)")
+
+
+def test_unknown_keyword_lists_the_accepted_ones(no_driver):
+    expect_refused("ssd_bwd", bwd_args(d_x=1), errors.InvalidArgumentError, "d_x", "ssd_bwd accepts: x, dt")
