@@ -146,7 +146,8 @@ def test_manifest_describes_every_cubin(two_clean_builds):
     assert "cutlass-dsl-libs-cu12" in manifest["toolchain"]["ptxas"]
     ci_matrix = tomllib.loads((ROOT / "build_configs" / "ci.toml").read_text())
     assert sorted(v["key"] for v in manifest["variants"]) == sorted(
-        families.variant_key(family, constants) for family, constants in families.expand(ci_matrix))
+        families.variant_key(family, constants) for family, constants in families.expand(ci_matrix)
+        if not families.unsupported(family, constants, "sm_90a"))  # e.g. shared memory over the limit: skipped
     for v in manifest["variants"]:
         data = (tree / "build/stage/mamba2_aot_cubins_sm90" / v["file"]).read_bytes()
         assert hashlib.sha256(data).hexdigest() == v["sha256"] and len(data) == v["size"]
