@@ -665,6 +665,7 @@ class SsdBackwardChunk:
             for i in range(tid, TILE):
                 total = total + w_tile[i * TILE + ((i + tid) % TILE)]
             straddle[tid] = total
+        cute.arch.sync_threads()  # straddle (two warps) is read by warp 0
 
     @cute.jit
     def _rows(self, a, t, sm, parts, row, h, blk, block_start, rows, A, lane, io_type: cutlass.Constexpr):

@@ -91,6 +91,29 @@ for mode, extra in (("update", {}), ("snapshot", {"snapshot_indices": snapshots}
                                  **window, **conv_window})):
     runtime.launch("verify", mode=mode, state=pool, out=torch.empty_like(x), conv_state=conv_pool, xBC=xBC,
                    tickets=fused_tickets, **conv, **ssm, **requests, **extra)
+
+# ssd_bwd: a partial last block, every option, then packed sequences starting inside blocks (both forms)
+def backward(L, G_, packing=None, num_seqs=1):
+    f = dict(x=torch.randn(1, L, H, P, device=dev).bfloat16(), dt=torch.randn(1, L, H, device=dev).bfloat16(),
+             A=-torch.rand(H, device=dev), B=torch.randn(1, L, G_, N, device=dev).bfloat16(),
+             C=torch.randn(1, L, G_, N, device=dev).bfloat16(), D=torch.randn(H, device=dev),
+             z=torch.randn(1, L, H, P, device=dev).bfloat16(), dt_bias=torch.randn(H, device=dev), dt_softplus=True,
+             initial_states=torch.randn(num_seqs, H, P, N, device=dev), **(packing or {}))
+    grads = dict(dx=torch.empty_like(f["x"]), ddt=torch.empty_like(f["dt"]), dA=torch.empty(H, device=dev),
+                 dB=torch.empty_like(f["B"]), dC=torch.empty_like(f["C"]), dD=torch.empty(H, device=dev),
+                 dz=torch.empty_like(f["z"]), ddt_bias=torch.empty(H, device=dev),
+                 dinitial_states=torch.empty(num_seqs, H, P, N, device=dev))
+    workspace = torch.empty(runtime.workspace_size("ssd_bwd", x=f["x"], B=f["B"]) // 4, device=dev)
+    runtime.launch("ssd_bwd", dout=torch.randn_like(f["x"]), dfinal_states=torch.randn(num_seqs, H, P, N, device=dev),
+                   workspace=workspace, **f, **grads)
+
+
+backward(150, G)
+cu = torch.tensor([0, 1, 70, 71, 150], dtype=torch.int32, device=dev)
+backward(150, 1, {"cu_seqlens": cu}, num_seqs=4)
+backward(150, 1, {"seq_idx": torch.repeat_interleave(torch.arange(4, dtype=torch.int32, device=dev),
+                                                     (cu[1:] - cu[:-1]).long())[None]}, num_seqs=4)
+
 torch.cuda.synchronize()
 assert int(tickets.abs().sum()) == 0 and int(fused_tickets.abs().sum()) == 0
 print("sanitizer workload done")
