@@ -15,11 +15,6 @@ def _forward(**over):
     return args
 
 
-def test_gradients_are_refused_until_the_backward_exists():
-    with pytest.raises(NotImplementedError, match="ssd_bwd"):
-        adapters.mamba_chunk_scan_combined(**_forward(x=torch.zeros(1, 8, 4, 64, requires_grad=True)))
-
-
 @pytest.mark.parametrize("over,argument", [
     ({"return_varlen_states": True}, "cu_seqlens"),
     ({"seq_idx": torch.zeros(1, 8, dtype=torch.int32), "return_final_states": True}, "return_final_states"),
@@ -155,3 +150,47 @@ def test_causal_conv1d_update_uses_the_last_columns_of_a_longer_state(launches):
     adapters.causal_conv1d_update(torch.zeros(2, 16), state, torch.ones(16, 4))
     (_, kw), = launches.calls
     assert kw["conv_state"].shape == (2, 16, 3) and kw["conv_state"].data_ptr() == state[..., 1:].data_ptr()
+
+
+def test_backward_launches_ssd_bwd_with_the_forward_arguments(launches, monkeypatch):
+    monkeypatch.setattr(adapters.runtime, "workspace_size", lambda family, **kw: 4096)
+    leaves = dict(x=torch.zeros(1, 8, 4, 64, dtype=torch.bfloat16, requires_grad=True),
+                  D=torch.ones(4, requires_grad=True), initial_states=torch.zeros(1, 4, 64, 64, requires_grad=True))
+    out, final = adapters.mamba_chunk_scan_combined(**_forward(**leaves), return_final_states=True)
+    (out.float().sum() + final.sum()).backward()
+    assert [family for family, _ in launches.calls] == ["ssd_fwd", "ssd_bwd"]
+    kw = launches.calls[1][1]
+    assert kw["dfinal_states"].shape == (1, 4, 64, 64) and kw["dD"].shape == (4,) and "dz" not in kw
+    assert kw["dinitial_states"].shape == (1, 4, 64, 64) and kw["workspace"].numel() == 1024
+    assert kw["dout"].is_contiguous() and kw["initial_states"].dtype == torch.float32
+    for name, leaf in leaves.items():
+        assert leaf.grad is not None and leaf.grad.shape == leaf.shape and leaf.grad.dtype == leaf.dtype, name
+
+
+def test_backward_maps_per_sequence_gradients_to_the_slot_they_read(launches, monkeypatch):
+    """A row's initial state (1, H, P, N) with cu_seqlens starts sequence 0 only: its gradient is that sequence's."""
+    monkeypatch.setattr(adapters.runtime, "workspace_size", lambda family, **kw: 4096)
+
+    def launch(family, **kw):
+        launches(family, **kw)
+        if family == "ssd_bwd":  # as if the kernel wrote them: 1 for sequence 0, 2 for sequence 1
+            kw["dinitial_states"].copy_(torch.arange(1.0, 3.0).view(2, 1, 1, 1))
+    monkeypatch.setattr(adapters.runtime, "launch", launch)
+    state = torch.zeros(1, 4, 64, 64, requires_grad=True)
+    out, varlen = adapters.mamba_chunk_scan_combined(**_forward(initial_states=state),
+                                                     cu_seqlens=torch.tensor([0, 3, 8], dtype=torch.int32),
+                                                     return_varlen_states=True)
+    out.float().sum().backward()
+    kw = launches.calls[1][1]
+    assert kw["initial_state_indices"].tolist() == [0, -1] and kw["dinitial_states"].shape == (2, 4, 64, 64)
+    assert torch.equal(state.grad, torch.ones_like(state))
+
+
+def test_views_the_kernels_cannot_vector_load_are_copied_as_triton_does(launches):
+    x = torch.zeros(1, 64, 8, 4, dtype=torch.bfloat16).permute(0, 3, 2, 1)  # (1, 4, 8, 64): last dim strided
+    adapters.mamba_chunk_scan_combined(**_forward(x=x, dt=torch.zeros(1, 4, 8, dtype=torch.bfloat16),
+                                                  A=-torch.ones(8), B=torch.zeros(1, 4, 1, 64, dtype=torch.bfloat16),
+                                                  C=torch.zeros(1, 4, 1, 64, dtype=torch.bfloat16)))
+    (_, kw), = launches.calls
+    assert kw["x"].is_contiguous() and kw["out"].is_contiguous() and kw["out"].shape == x.shape
+    assert kw["B"].data_ptr() != 0

@@ -12,9 +12,9 @@ allocated with torch and the kernels run on torch's current stream. They are ``t
 them; for CUDA-graph capture call ``mamba2_aot.preload()`` first (kernels are loaded outside capture).
 
 Importing this module needs torch; the rest of the package never imports it. Errors are the runtime's typed
-errors (``mamba2_aot.errors``), raised before anything is launched. Not yet: gradients (the SSD backward,
-``ssd_bwd``, is not built: a forward on inputs that require grad raises ``NotImplementedError`` rather than
-silently detaching), and ``return_final_states`` together with ``seq_idx`` (pass ``cu_seqlens``).
+errors (``mamba2_aot.errors``), raised before anything is launched. ``mamba_chunk_scan_combined`` is
+differentiable: its backward is the custom op ``mamba2_aot::ssd_bwd`` (the ``ssd_bwd`` kernels; bitwise
+reproducible gradients). Not yet: ``return_final_states`` together with ``seq_idx`` (pass ``cu_seqlens``).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _ssd_fwd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor
              seq_idx: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor], dt_softplus: bool, dt_min: float,
              dt_max: float, num_states: int, zero_fill: bool) -> tuple[torch.Tensor, torch.Tensor]:
     # rows outside every cu_seqlens sequence are not written by the kernel: zeros there, as a full scan gives
-    out = torch.zeros_like(x) if zero_fill else torch.empty_like(x)
+    out = (torch.zeros if zero_fill else torch.empty)(x.shape, dtype=x.dtype, device=x.device)
     final_states = torch.empty(num_states, x.shape[2], x.shape[3], B.shape[3], dtype=torch.float32, device=x.device)
     runtime.launch("ssd_fwd", x=x, dt=dt, A=A, B=B, C=C, out=out, chunk_size=chunk_size, D=D, z=z, dt_bias=dt_bias,
                    dt_softplus=dt_softplus, dt_limit=(dt_min, dt_max), initial_states=initial_states,
@@ -48,6 +48,81 @@ def _ssd_fwd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor
 def _(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, initial_state_indices, seq_idx, cu_seqlens,
       dt_softplus, dt_min, dt_max, num_states, zero_fill):
     return torch.empty_like(x), x.new_empty((num_states, x.shape[2], x.shape[3], B.shape[3]), dtype=torch.float32)
+
+
+@torch.library.custom_op("mamba2_aot::ssd_bwd", mutates_args=())
+def _ssd_bwd(dout: torch.Tensor, dfinal_states: Optional[torch.Tensor], x: torch.Tensor, dt: torch.Tensor,
+             A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, D: Optional[torch.Tensor], z: Optional[torch.Tensor],
+             dt_bias: Optional[torch.Tensor], initial_states: Optional[torch.Tensor],
+             initial_state_indices: Optional[torch.Tensor], seq_idx: Optional[torch.Tensor],
+             cu_seqlens: Optional[torch.Tensor], dt_softplus: bool, dt_min: float, dt_max: float,
+             num_seqs: int) -> list[torch.Tensor]:
+    """The gradients of ``_ssd_fwd``'s inputs (dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states per
+    sequence); an absent input's gradient is an empty tensor."""
+    grads = _ssd_bwd_outputs(x, dt, A, B, C, D, z, dt_bias, initial_states, num_seqs)
+    workspace = torch.empty(runtime.workspace_size("ssd_bwd", x=x, B=B) // 4, dtype=torch.float32, device=x.device)
+    runtime.launch("ssd_bwd", x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                   dt_limit=(dt_min, dt_max), initial_states=initial_states, initial_state_indices=initial_state_indices,
+                   seq_idx=seq_idx, cu_seqlens=cu_seqlens, dout=dout, dfinal_states=dfinal_states, workspace=workspace,
+                   **{name: g for name, g in zip(_GRAD_NAMES, grads) if g.numel() or name in _ALWAYS})
+    return grads
+
+
+_GRAD_NAMES = ("dx", "ddt", "dA", "dB", "dC", "dD", "dz", "ddt_bias", "dinitial_states")
+_ALWAYS = ("dx", "ddt", "dA", "dB", "dC")
+
+
+def _ssd_bwd_outputs(x, dt, A, B, C, D, z, dt_bias, initial_states, num_seqs):
+    def like(t):
+        return t.new_empty(t.shape) if t is not None else x.new_empty(0)
+    dinitial = (x.new_empty((num_seqs, x.shape[2], x.shape[3], B.shape[3]), dtype=torch.float32)
+                if initial_states is not None else x.new_empty(0))
+    return [like(x), like(dt), like(A), like(B), like(C), like(D), like(z), like(dt_bias), dinitial]
+
+
+@_ssd_bwd.register_fake
+def _(dout, dfinal_states, x, dt, A, B, C, D, z, dt_bias, initial_states, initial_state_indices, seq_idx, cu_seqlens,
+      dt_softplus, dt_min, dt_max, num_seqs):
+    return _ssd_bwd_outputs(x, dt, A, B, C, D, z, dt_bias, initial_states, num_seqs)
+
+
+def _setup_ssd_fwd(ctx, inputs, output):
+    (x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, initial_state_indices, seq_idx, cu_seqlens,
+     dt_softplus, dt_min, dt_max, num_states, zero_fill) = inputs
+    ctx.save_for_backward(x, dt, A, B, C, D, z, dt_bias, initial_states, initial_state_indices, seq_idx, cu_seqlens)
+    ctx.options = (dt_softplus, dt_min, dt_max, num_states)
+
+
+def _backward_ssd_fwd(ctx, dout, dfinal_states):
+    x, dt, A, B, C, D, z, dt_bias, initial_states, initial_state_indices, seq_idx, cu_seqlens = ctx.saved_tensors
+    dt_softplus, dt_min, dt_max, num_states = ctx.options
+    dout = torch.zeros_like(x) if dout is None else dout.contiguous()
+    if dfinal_states is not None and num_states:
+        dfinal_states = dfinal_states.float().contiguous()
+    else:
+        dfinal_states = None
+    if initial_state_indices is not None:
+        num_seqs = initial_state_indices.shape[0]
+    elif initial_states is not None:
+        num_seqs = initial_states.shape[0]
+    else:
+        num_seqs = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else x.shape[0]
+    dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial = _ssd_bwd(
+        dout, dfinal_states, x, dt, A, B, C, D, z, dt_bias, initial_states, initial_state_indices, seq_idx, cu_seqlens,
+        dt_softplus, dt_min, dt_max, num_seqs)
+    dinitial_states = None
+    if initial_states is not None:
+        if initial_state_indices is None:
+            dinitial_states = dinitial
+        else:  # per-sequence gradients, back to the slots the sequences read
+            dinitial_states = torch.zeros_like(initial_states)
+            used = initial_state_indices >= 0
+            dinitial_states[initial_state_indices[used].long()] += dinitial[used]
+    return (dx, ddt, dA, dB, dC, None, dD if D is not None else None, dz if z is not None else None,
+            ddt_bias if dt_bias is not None else None, dinitial_states, None, None, None, None, None, None, None, None)
+
+
+_ssd_fwd.register_autograd(_backward_ssd_fwd, setup_context=_setup_ssd_fwd)
 
 
 @torch.library.custom_op("mamba2_aot::state_update", mutates_args=("state",))
@@ -82,13 +157,11 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     ignored and seq_idx packs, with a state reset at each change. ``initial_states`` is each row's first
     sequence's initial state; with cu_seqlens it may also be (num_seqs, H, P, N), one per sequence.
     Not supported (typed errors): ``initial_states`` or ``return_final_states`` with seq_idx packing and no
-    cu_seqlens when batch > 1 / at all (the sequence count is on the device). ``NotImplementedError`` for
-    gradients (no ssd_bwd yet).
+    cu_seqlens when batch > 1 / at all (the sequence count is on the device).
+
+    Differentiable (autograd through ``ssd_bwd``, deterministic) in every input that takes a gradient, and in
+    ``out`` and ``final_states``; ``varlen_states`` is returned as a converted copy and carries gradients too.
     """
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                       for t in (x, dt, A, B, C, D, z, dt_bias, initial_states)):
-        raise NotImplementedError("mamba2_aot: the SSD backward (ssd_bwd) is not built yet; call the forward "
-                                  "under torch.no_grad() or on tensors that do not require grad")
     if return_varlen_states and cu_seqlens is None:
         raise InvalidArgumentError("cu_seqlens", "cu_seqlens: required with return_varlen_states=True")
     varlen_dtype = C.dtype if state_dtype is None else state_dtype
@@ -122,6 +195,7 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
         num_states = 0
     else:
         num_states = x.shape[0] if return_final_states else 0
+    x, B, C, z = (_rows_of_vectors(t) for t in (x, B, C, z))
     lo, hi = dt_limit
     out, finals = _ssd_fwd(x, dt, A.float(), B, C, int(chunk_size), _fp32(D), z, _fp32(dt_bias), initial_states,
                            initial_state_indices, seq_idx, cu_seqlens, bool(dt_softplus), float(lo), float(hi),
@@ -136,6 +210,18 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
 
 def _fp32(t):
     return None if t is None else t.float()
+
+
+def _rows_of_vectors(t):
+    """``t`` itself when the kernels can read it with 16-byte vectors (last dim contiguous, 16-byte aligned rows),
+    else a contiguous copy (as state-spaces/mamba copies a tensor whose last dim is strided)."""
+    if t is None:
+        return None
+    vector = 16 // t.element_size()
+    if (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all(stride % vector == 0 for stride, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1)):
+        return t
+    return t.contiguous()
 
 
 def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
