@@ -44,6 +44,7 @@ LOG2_E = math.log2(math.e)
 WARPS = 8
 THREADS = WARPS * 32
 PARTIAL_EXTRA = 2   # partials[..., P] = dA, partials[..., P + 1] = ddt_bias
+STATE_BATCH = 8     # state values a thread loads at once
 PARTS = 3           # per-warp row / column sums: of Q ⊙ M over i, of G ⊙ y0 over P, of x ⊙ U over P
 
 
@@ -476,25 +477,45 @@ class SsdBackwardChunk:
             if (a.has_dfinal_states == 0) | (seq >= a.num_seqs):
                 dh_valid = Int32(0)
         sH0, sDh, s_dot, s_run_start, s_run_end, s_last = sm.h0, sm.dh, sm.dot, sm.run_start, sm.run_end, sm.last
+        # the two states: this thread's values (column tid % N of rows tid // N + k·THREADS / N of each contiguous
+        # P × N block) in unrolled batches, so that a batch's loads are in flight together; their fp32 dot product,
+        # and their I/O-dtype copies for the products
+        def flat(block):
+            return cute.make_tensor(block.iterator, cute.make_layout((P * N,)))
+
+        h0_src = flat(t.states[row, cute.math.max(blk - 1, Int32(0)), h, None, None])
+        initial_src = flat(t.initial[cute.math.max(cute.math.min(slot, a.num_initial_slots - 1), Int32(0)), h, None,
+                                     None])
+        dh_src = flat(t.dstates[row, blk, h, None, None])
+        dfinal_src = flat(t.dfinal[cute.math.max(cute.math.min(seq, a.num_seqs - 1), Int32(0)), h, None, None])
+        rows_per_pass = THREADS // N
+        p_first = tid // N
+        n = tid % N
         dot = Float32(0.0)
-        for e in range(tid, P * N, THREADS):
-            p = e // N
-            n = e - p * N
-            h0 = Float32(0.0)
-            dh = Float32(0.0)
+        for part in cutlass.range_constexpr(P * N // THREADS // STATE_BATCH):
+            h0v = cute.make_rmem_tensor((STATE_BATCH,), Float32)
+            dhv = cute.make_rmem_tensor((STATE_BATCH,), Float32)
+            h0v.fill(0.0)
+            dhv.fill(0.0)
             if h0_valid != 0:
                 if h0_from_states != 0:
-                    h0 = t.states[row, blk - 1, h, p, n]
+                    for k in cutlass.range_constexpr(STATE_BATCH):
+                        h0v[k] = h0_src[(part * STATE_BATCH + k) * THREADS + tid]
                 else:
-                    h0 = t.initial[slot, h, p, n].to(Float32)
+                    for k in cutlass.range_constexpr(STATE_BATCH):
+                        h0v[k] = initial_src[(part * STATE_BATCH + k) * THREADS + tid].to(Float32)
             if dh_valid != 0:
                 if dh_from_dstates != 0:
-                    dh = t.dstates[row, blk, h, p, n]
+                    for k in cutlass.range_constexpr(STATE_BATCH):
+                        dhv[k] = dh_src[(part * STATE_BATCH + k) * THREADS + tid]
                 else:
-                    dh = t.dfinal[seq, h, p, n]
-            dot = dot + h0 * dh
-            sH0[p, n] = h0.to(io_type)
-            sDh[p, n] = dh.to(io_type)
+                    for k in cutlass.range_constexpr(STATE_BATCH):
+                        dhv[k] = dfinal_src[(part * STATE_BATCH + k) * THREADS + tid]
+            for k in cutlass.range_constexpr(STATE_BATCH):
+                p = (part * STATE_BATCH + k) * rows_per_pass + p_first
+                dot = dot + h0v[k] * dhv[k]
+                sH0[p, n] = h0v[k].to(io_type)
+                sDh[p, n] = dhv[k].to(io_type)
         dot = _warp_sum(dot)
         if cute.arch.lane_idx() == 0:
             s_dot[cute.arch.warp_idx()] = dot
