@@ -49,6 +49,18 @@ def ssd_fwd_section(rows: list) -> list[str]:
     return lines + [""]
 
 
+def ssd_bwd_section(rows: list) -> list[str]:
+    lines = ["### ssd_fwd + ssd_bwd vs `mamba_chunk_scan_combined` forward + backward, bf16", "",
+             "| shape | Triton fwd+bwd µs | ours fwd+bwd µs | speedup | Triton bwd µs | ours bwd µs | bwd floor µs | "
+             "workspace ours |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        t, o = _triton(r), r["ours"]
+        lines.append(f"| {r['shape']} | {_us(t.get('us'))} | {_us(o['us'])} | {_ratio(r)} | "
+                     f"{_us(t.get('backward_us'))} | {_us(o['backward_us'])} | {_us(r['backward_floor_us'])} | "
+                     f"{o['workspace_bytes'] / 1e6:.1f} MB |")
+    return lines + [""]
+
+
 def chunk_cumsum_section(rows: list) -> list[str]:
     lines = ["### ssd_chunk_cumsum vs Triton's `_chunk_cumsum_fwd`, bf16 dt, fp32 outputs", "",
              "| shape | Triton µs (eager) | ours µs (eager) | speedup | floor µs | % of roofline |",
@@ -159,6 +171,8 @@ def main():
         lines += [f"## {path.stem}", "", provenance_line(d), ""]
         if "ssd_fwd" in d:
             lines += ssd_fwd_section(d["ssd_fwd"])
+        if "ssd_bwd" in d:
+            lines += ssd_bwd_section(d["ssd_bwd"])
         if "ssd_chunk_cumsum" in d:
             lines += chunk_cumsum_section(d["ssd_chunk_cumsum"])
         if "verify" in d:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import bench_chunk_cumsum
 import bench_conv
+import bench_ssd_bwd
 import bench_ssd_fwd
 import bench_verify
 from common import baseline_in_child, copy_bandwidth, provenance
@@ -82,7 +83,7 @@ def has_baseline() -> bool:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the results here")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["ssd_fwd", "ssd_chunk_cumsum", "verify", "conv",
+    parser.add_argument("--skip", nargs="*", default=[], choices=["ssd_fwd", "ssd_bwd", "ssd_chunk_cumsum", "verify", "conv",
                                                                     "scaling", "cold"])
     args = parser.parse_args()
     baseline = has_baseline()
@@ -96,6 +97,14 @@ def main():
             row = bench_ssd_fwd.measure(s, bw, baseline)
             results["ssd_fwd"].append(row)
             print(f"ssd_fwd {s.name:<52} ours {row['ours']['us']:8.1f} us  triton "
+                  f"{(row.get('triton') or {}).get('us', float('nan')):8.1f} us", flush=True)
+
+    if "ssd_bwd" not in args.skip:
+        results["ssd_bwd"] = []
+        for s in bench_ssd_fwd.REFERENCE_SHAPES:
+            row = bench_ssd_bwd.measure(s, bw, baseline)
+            results["ssd_bwd"].append(row)
+            print(f"ssd_fwd + ssd_bwd {s.name:<46} ours {row['ours']['us']:8.1f} us  triton "
                   f"{(row.get('triton') or {}).get('us', float('nan')):8.1f} us", flush=True)
 
     if "ssd_chunk_cumsum" not in args.skip:
