@@ -36,8 +36,9 @@ from cutlass.cute.nvgpu import warp
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
 from kernel_src.families import expect_constants
-from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, async_tile_copy, block_cumsum, first_set_bit,
-                                  load_tile, mn_view, next_change, scale_row, smem_layout, transposed)
+from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, async_tile_copy, block_cumsum,
+                                  count_changes, first_set_bit, load_tile, mn_view, next_change, scale_row,
+                                  smem_layout, transposed)
 from kernel_src.ssm_math import SOFTPLUS_IDENTITY_ABOVE, delta_from_dt, warp_inclusive_scan
 
 LOG2_E = math.log2(math.e)
@@ -266,13 +267,19 @@ class SsdBackwardChunk:
         if a.has_seq_idx != 0:
             if (a.has_initial_states != 0) | (a.has_dfinal_states != 0):
                 # sequences of a seq_idx row are numbered 0, 1, ... along it (states only at batch 1)
-                before = _count_changes(a, row, block_start, lane)
+                seq_idx = cute.make_tensor(a.seq_idx, cute.make_layout((a.batch, a.seqlen), stride=(
+                    a.stride_seq_idx_batch, a.stride_seq_idx_seqlen)))
+                before = count_changes(seq_idx, row, Int32(0), block_start, lane)
                 counted0 = change0
                 if block_start + lane == 0:  # the row's first token starts sequence 0
                     counted0 = Int32(0)
-                run0 = warp_inclusive_scan_int(counted0, lane)
-                num0 = before + run0
-                num1 = before + cute.arch.shuffle_sync(run0, 31) + warp_inclusive_scan_int(change1, lane)
+                mask0 = Int32(cute.arch.vote_ballot_sync(counted0 != 0))
+                mask1 = Int32(cute.arch.vote_ballot_sync(change1 != 0))
+                upto = Int32(-1)  # lanes <= this one
+                if lane < 31:
+                    upto = (Int32(2) << lane) - Int32(1)
+                num0 = before + Int32(cute.arch.popc(mask0 & upto))
+                num1 = before + Int32(cute.arch.popc(mask0)) + Int32(cute.arch.popc(mask1 & upto))
         seq0 = Int32(-1)
         seq1 = Int32(-1)
         if in0 != 0:
@@ -853,29 +860,3 @@ def _column_sums(frag, coords, dst, lane):
             total = total + cute.arch.shuffle_sync_bfly(total, 4 << level)
         if lane < 4:
             dst[coords[0, c][1]] = dst[coords[0, c][1]] + total
-
-
-@cute.jit
-def warp_inclusive_scan_int(value: Int32, lane: Int32) -> Int32:
-    """Inclusive prefix sum of an Int32 over the 32 lanes of a warp."""
-    for level in cutlass.range_constexpr(5):
-        neighbour = cute.arch.shuffle_sync_up(value, 1 << level)
-        if lane >= (1 << level):
-            value = value + neighbour
-    return value
-
-
-@cute.jit
-def _count_changes(a, row, stop, lane) -> Int32:
-    """The number of rows in (0, stop) of a seq_idx row where the value differs from the row before."""
-    seq_idx = cute.make_tensor(a.seq_idx, cute.make_layout((a.batch, a.seqlen), stride=(
-        a.stride_seq_idx_batch, a.stride_seq_idx_seqlen)))
-    count = Int32(0)
-    for base in range(1, stop, 32):
-        tok = base + lane
-        change = Int32(0)
-        if tok < stop:
-            if seq_idx[row, tok] != seq_idx[row, tok - 1]:
-                change = Int32(1)
-        count = count + Int32(cute.arch.popc(cute.arch.vote_ballot_sync(change != 0)))
-    return count

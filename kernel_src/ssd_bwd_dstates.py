@@ -27,8 +27,9 @@ from cutlass.cute.nvgpu import warp
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, strides
 from kernel_src.families import expect_constants
-from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, async_tile_copy, block_cumsum, load_state,
-                                  load_tile, mask_bit, previous_change, smem_layout, store_state, transposed)
+from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, async_tile_copy, block_cumsum,
+                                  count_changes, load_state, load_tile, mask_bit, previous_change, smem_layout,
+                                  store_state, transposed)
 from kernel_src.ssm_math import delta_from_dt, silu
 
 P_TILE = 64
@@ -120,7 +121,7 @@ class SsdBackwardStates:
             start = cute.math.min(cute.math.max(cu[source], Int32(0)), L)
             end = cute.math.min(cute.math.max(cu[source + 1], start), L)
         if a.has_seq_idx != 0:
-            seq = _count_changes(seq_idx, row, start, end, lane, warp_id)  # the row's last sequence
+            seq = count_changes(seq_idx, row, start, end, lane)  # the row's last sequence
 
         storage = cutlass.utils.SmemAllocator().allocate(self._shared_storage(io_type))
         sDout = storage.dout.get_tensor(smem_layout((TILE, P_TILE)))
@@ -282,17 +283,3 @@ class SsdBackwardStates:
                 for e in cutlass.range_constexpr(CHUNK):
                     values[e] = values[e] * silu(zs[e])
             dst[None, chunk].store(values.load().to(io_type))
-
-
-@cute.jit
-def _count_changes(seq_idx, row, start, end, lane, warp_id) -> Int32:
-    """The number of rows in (start, end) where seq_idx differs from the row before (every warp computes it)."""
-    count = Int32(0)
-    for base in range(start + 1, end, 32):
-        tok = base + lane
-        change = Int32(0)
-        if tok < end:
-            if seq_idx[row, tok] != seq_idx[row, tok - 1]:
-                change = Int32(1)
-        count = count + Int32(cute.arch.popc(cute.arch.vote_ballot_sync(change != 0)))
-    return count

@@ -234,3 +234,18 @@ def hold_over_zero_runs(c0: Float32, c1: Float32, nonzero0, nonzero1, lane: Int3
     elif mask0 != 0:
         held1 = from_first1
     return held0, held1
+
+
+@cute.jit
+def count_changes(seq_idx, row, start, end, lane) -> Int32:
+    """Every lane of a warp: the number of tokens t in (start, end) of a (batch, L) seq_idx row where the value
+    differs from token t - 1 (the sequence starts a packed row holds after its first)."""
+    count = Int32(0)
+    for base in range(start + 1, end, 32):
+        tok = base + lane
+        change = Int32(0)
+        if tok < end:
+            if seq_idx[row, tok] != seq_idx[row, tok - 1]:
+                change = Int32(1)
+        count = count + Int32(cute.arch.popc(cute.arch.vote_ballot_sync(change != 0)))
+    return count
