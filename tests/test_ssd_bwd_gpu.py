@@ -185,3 +185,24 @@ def test_real_model_head_layout():
     got, size = _backward(inputs, dout, want_dinitial=False)
     _check(got, _oracle(inputs, dout))
     assert size > 0
+
+
+def _built_backward_variants():
+    try:
+        return sorted({tuple(sorted(v["constants"].items())) for v in _runtime().list_variants("ssd_bwd_chunk")})
+    except Exception:  # no cubins at all: the sweep has nothing to run
+        return []
+
+
+@pytest.mark.parametrize("constants", [dict(c) for c in _built_backward_variants()],
+                         ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_every_built_variant(constants):
+    """Each built (P, N, I/O dtype, state dtype): every gradient, initial states in the state dtype."""
+    P, N, io, st = constants["headdim"], constants["d_state"], constants["io_dtype"], constants["state_dtype"]
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    inputs = generators.standard_inputs(1, 130, 2, P, N, 1, dtypes[io], seed=P + N, D="H", z=True,
+                                        initial_states=True)
+    inputs["initial_states"] = inputs["initial_states"].to(dtypes[st])
+    dout, dfinal = _dout(inputs, 13), _dfinal(inputs, 13)
+    got, _ = _backward(inputs, dout, dfinal)
+    _check(got, _oracle(inputs, dout, dfinal), io)
