@@ -34,6 +34,7 @@ def _ssd_fwd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor
              initial_states: Optional[torch.Tensor], initial_state_indices: Optional[torch.Tensor],
              seq_idx: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor], dt_softplus: bool, dt_min: float,
              dt_max: float, num_states: int, zero_fill: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    x, B, C, z = (_rows_of_vectors(t) for t in (x, B, C, z))  # inside the op: torch.compile does not trace it
     # rows outside every cu_seqlens sequence are not written by the kernel: zeros there, as a full scan gives
     out = (torch.zeros if zero_fill else torch.empty)(x.shape, dtype=x.dtype, device=x.device)
     final_states = torch.empty(num_states, x.shape[2], x.shape[3], B.shape[3], dtype=torch.float32, device=x.device)
@@ -47,7 +48,7 @@ def _ssd_fwd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor
 @_ssd_fwd.register_fake
 def _(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, initial_state_indices, seq_idx, cu_seqlens,
       dt_softplus, dt_min, dt_max, num_states, zero_fill):
-    return torch.empty_like(x), x.new_empty((num_states, x.shape[2], x.shape[3], B.shape[3]), dtype=torch.float32)
+    return x.new_empty(x.shape), x.new_empty((num_states, x.shape[2], x.shape[3], B.shape[3]), dtype=torch.float32)
 
 
 @torch.library.custom_op("mamba2_aot::ssd_bwd", mutates_args=())
@@ -60,6 +61,7 @@ def _ssd_bwd(dout: torch.Tensor, dfinal_states: Optional[torch.Tensor], x: torch
     """The gradients of ``_ssd_fwd``'s inputs (dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states per
     sequence); an absent input's gradient is an empty tensor."""
     grads = _ssd_bwd_outputs(x, dt, A, B, C, D, z, dt_bias, initial_states, num_seqs)
+    x, B, C, z, dout = (_rows_of_vectors(t) for t in (x, B, C, z, dout))
     workspace = torch.empty(runtime.workspace_size("ssd_bwd", x=x, B=B) // 4, dtype=torch.float32, device=x.device)
     runtime.launch("ssd_bwd", x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
                    dt_limit=(dt_min, dt_max), initial_states=initial_states, initial_state_indices=initial_state_indices,
@@ -195,7 +197,6 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
         num_states = 0
     else:
         num_states = x.shape[0] if return_final_states else 0
-    x, B, C, z = (_rows_of_vectors(t) for t in (x, B, C, z))
     lo, hi = dt_limit
     out, finals = _ssd_fwd(x, dt, A.float(), B, C, int(chunk_size), _fp32(D), z, _fp32(dt_bias), initial_states,
                            initial_state_indices, seq_idx, cu_seqlens, bool(dt_softplus), float(lo), float(hi),
