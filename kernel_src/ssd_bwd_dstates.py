@@ -200,6 +200,12 @@ class SsdBackwardStates:
                         seq = seq - 1
                 s1 = s0
 
+        if end <= start:  # an empty sequence: its final state is its initial one
+            if a.has_dinitial_states != 0:
+                if seq < a.num_seqs:
+                    load_state(acc, mma, dfinal[seq, h, None, None], p0, a.has_dfinal_states)
+                    store_state(dinitial[seq, h, None, None], mma, acc, p0, Float32)
+
     @cute.jit
     def _run(self, a, mma, acc, sDout, sZ, sGe, sC, sCs, s0, s1, tid, io_type: cutlass.Constexpr):
         """dh ← 2^(cs_end - base) · dh + (e ⊙ G)ᵀ·C over the rows [s0, s1) of the block."""

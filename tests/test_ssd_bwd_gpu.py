@@ -151,6 +151,18 @@ def test_packed_sequences(packing):
     _check(got, _oracle(inputs, dout, dfinal))
 
 
+def test_an_empty_sequence_gets_its_final_state_gradient():
+    """cu_seqlens with an empty sequence: its final state is its initial state, so dinitial = dfinal exactly."""
+    _require(64, 64)
+    inputs = generators.packed_inputs(2, 64, 64, 1, torch.bfloat16, seed=21, chunk_size=64, lengths=[70, 0, 50],
+                                      D="H")
+    del inputs["seq_idx"]
+    dout, dfinal = _dout(inputs, 21), _dfinal(inputs, 21)
+    got, _ = _backward(inputs, dout, dfinal)
+    _check(got, _oracle(inputs, dout, dfinal))
+    assert torch.equal(got["dinitial_states"][1], dfinal[1])
+
+
 def test_all_zero_seq_idx_equals_none():
     _require(64, 64)
     inputs = generators.standard_inputs(1, 200, 2, 64, 64, 1, torch.bfloat16, seed=2, D="H", z=True,

@@ -94,3 +94,84 @@ def test_a_step_cannot_be_launched_alone(no_driver):
 
 def test_unknown_keyword_lists_the_accepted_ones(no_driver):
     expect_refused("ssd_bwd", bwd_args(d_x=1), errors.InvalidArgumentError, "d_x", "ssd_bwd accepts: x, dt")
+
+
+@pytest.mark.parametrize("over,argument", [
+    (lambda a: {"dinitial_states": a["initial_states"]}, "dinitial_states"),   # written by step 2, read by step 3
+    (lambda a: {"dA": fake_array(_ptr(a["dx"]), (H,), "fp32")}, "dA"),         # step 4 would clobber step 3's dx
+    (lambda a: {"dout": fake_array(_ptr(a["workspace"]), (BATCH, L, H, P), "fp16")}, "workspace"),  # y over dout
+    (lambda a: {"dD": a["D"]}, "dD"),
+])
+def test_overlaps_across_the_steps_are_refused(no_driver, over, argument):
+    args = bwd_args()
+    args.update(over(args))
+    expect_refused("ssd_bwd", args, errors.AliasingError, argument, "overlaps")
+
+
+def _ptr(fake):
+    return fake.__cuda_array_interface__["data"][0]
+
+
+def test_a_read_only_or_misaligned_workspace_is_refused(no_driver):
+    n = workspace_elements()
+    ro = fake_array(0x1_0000_0000, (n,), "fp32")
+    ro.__cuda_array_interface__["data"] = (0x1_0000_0000, True)
+    expect_refused("ssd_bwd", bwd_args(workspace=ro), errors.InvalidArgumentError, "workspace", "read-only")
+    expect_refused("ssd_bwd", bwd_args(workspace=fake_array(0x1_0000_0004, (n,), "fp32")), errors.AlignmentError,
+                   "workspace", "16-byte aligned")
+
+
+def test_workspace_size_names_a_missing_argument():
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        PLANS["ssd_bwd"].workspace_size(x=fake_array(0x1000, (BATCH, L, H, P), "fp16"))
+    assert info.value.argument == "B"
+
+
+class _StubKernel:
+    def __init__(self, family, log):
+        self.family, self.log = family, log
+
+    def launch(self, drv, call, stream, cache):
+        self.log.append(self.family)
+
+
+@pytest.fixture
+def stub_launches(monkeypatch):
+    """A FakeDriver device, every variant 'built', kernels that only record their launch."""
+    from mamba2_aot import dispatch, driver, manifest
+    from runtime_fakes import FakeDriver, reset_runtime_state
+    reset_runtime_state(monkeypatch)
+    fake = FakeDriver()
+    monkeypatch.setattr(driver, "_driver", fake)
+
+    class Catalog:
+        def require_built(self, family, key):
+            pass
+    monkeypatch.setattr(manifest, "catalog", lambda: Catalog())
+    log = []
+
+    def load(drv, plan, constants, device, *, capture_stream=None):
+        if capture_stream is not None and drv.stream_is_capturing(capture_stream) and plan.family != "ssd_fwd":
+            raise errors.GraphCaptureError(f"{plan.family} is not loaded")
+        return _StubKernel(plan.family, log)
+    monkeypatch.setattr(dispatch, "load_kernel", load)
+    return fake, log
+
+
+def test_steps_launch_in_order(stub_launches):
+    from mamba2_aot import dispatch
+    _, log = stub_launches
+    dispatch.launch("ssd_bwd", stream=0, **bwd_args())
+    assert log == ["ssd_fwd", "ssd_bwd_dstates", "ssd_bwd_chunk", "ssd_bwd_reduce"]
+
+
+def test_device_and_load_errors_come_before_any_launch(stub_launches):
+    from mamba2_aot import dispatch
+    fake, log = stub_launches
+    with pytest.raises(errors.DeviceError) as info:  # dA on another device than the rest
+        dispatch.launch("ssd_bwd", stream=0, **bwd_args(dA=fake_array(1 << 41, (H,), "fp32")))
+    assert info.value.argument == "dA" and log == []
+    fake.capturing = True
+    with pytest.raises(errors.GraphCaptureError):   # a step not loaded while the stream captures
+        dispatch.launch("ssd_bwd", stream=0x1234, **bwd_args())
+    assert log == []

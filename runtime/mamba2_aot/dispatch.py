@@ -148,13 +148,27 @@ def _launch_call(plan: LaunchPlan, call: BoundCall, variant_key: tuple, known_de
     """Steps 4 to 6 for one validated call."""
     drv = driver.get()
     device = _device_of(drv, call, handle, known_device)
+    kernel = _kernel_for(drv, plan, call, variant_key, device, handle)
+    _enqueue(drv, device, kernel, call, handle, packed_cache)
+
+
+def _kernel_for(drv, plan: LaunchPlan, call: BoundCall, variant_key: tuple, device: int, handle: int) -> LoadedKernel:
+    kernel = _kernels.get((plan.family, variant_key, device))
+    if kernel is None:
+        restore = drv.bind_primary_context(device)
+        try:
+            kernel = load_kernel(drv, plan, call.constants, device, capture_stream=handle)
+        finally:
+            if restore is not None:
+                drv.set_current_context(restore)
+    return kernel
+
+
+def _enqueue(drv, device: int, kernel: LoadedKernel, call: BoundCall, handle: int, packed_cache: dict | None) -> None:
     # Bound before anything stream-related: on a thread with no context, the legacy stream (0) means
     # nothing until the device's primary context is current.
     restore = drv.bind_primary_context(device)
     try:
-        kernel = _kernels.get((plan.family, variant_key, device))
-        if kernel is None:
-            kernel = load_kernel(drv, plan, call.constants, device, capture_stream=handle)
         _wait_for_producers(drv, call, handle)
         kernel.launch(drv, call, handle, packed_cache)
     finally:
@@ -163,7 +177,8 @@ def _launch_call(plan: LaunchPlan, call: BoundCall, variant_key: tuple, known_de
 
 
 def _launch_steps(plan: CompositePlan, kwargs: dict, handle: int) -> None:
-    """A composite family: validate and check every step (and that each is built), then launch them in order."""
+    """A composite family: validate and check every step (and that each is built), find the one device of all their
+    arrays and load every step's kernel on it, then launch them in order (so a refused call launches nothing)."""
     try:
         steps = plan.steps(**kwargs)
     except TypeError as exc:
@@ -178,8 +193,14 @@ def _launch_steps(plan: CompositePlan, kwargs: dict, handle: int) -> None:
         if 0 not in call.grid:
             manifest.catalog().require_built(family, variant_key)
             bound.append((PLANS[family], call, variant_key))
-    for step_plan, call, variant_key in bound:
-        _launch_call(step_plan, call, variant_key, None, None, handle)
+    if not bound:
+        return
+    drv = driver.get()
+    every_array = BoundCall({}, (1, 1, 1), {}, tuple(a for _, call, _ in bound for a in call.inputs + call.outputs), ())
+    device = _device_of(drv, every_array, handle, None)
+    kernels = [_kernel_for(drv, step_plan, call, variant_key, device, handle) for step_plan, call, variant_key in bound]
+    for kernel, (_, call, _) in zip(kernels, bound):
+        _enqueue(drv, device, kernel, call, handle, None)
 
 
 def _validated(plan: LaunchPlan, kwargs: dict) -> tuple[BoundCall, tuple, int | None, dict | None]:
@@ -377,8 +398,7 @@ def preload(families=None, devices=None) -> list[tuple[str, int]]:
     """
     if families is not None:
         families = [families] if isinstance(families, str) else list(families)
-        for family in families:
-            _plan(family)
+        families = [step for family in families for step in _kernel_families(family)]
     drv = driver.get()
     explicit = devices is not None
     devices = [devices] if isinstance(devices, int) else list(devices) if explicit else range(drv.device_count())
@@ -406,13 +426,21 @@ def workspace_size(family: str, **kwargs) -> int:
     return _plan(family).workspace_size(**kwargs)
 
 
+def _kernel_families(family: str) -> tuple[str, ...]:
+    """The families whose kernels a launch of ``family`` runs (a composite's steps; else itself). Raises
+    VariantNotFoundError for an unknown family."""
+    plan = _plan(family)
+    return plan.step_families if isinstance(plan, CompositePlan) else (family,)
+
+
 def list_variants(family: str | None = None) -> list[dict]:
     """Every variant in the installed cubins (no GPU needed): family, key, constants, arch,
-    compute_capability, package, validated. ``family`` filters."""
+    compute_capability, package, validated. ``family`` filters (a composite family: its steps' variants)."""
+    wanted = None if family is None else _kernel_families(family) if family in PLANS else (family,)
     rows = []
     for m in manifest.catalog().manifests:
         for v in m.variants:
-            if family is None or v.family == family:
+            if wanted is None or v.family in wanted:
                 rows.append({"family": v.family, "key": v.key, "constants": dict(v.constants), "arch": m.arch,
                              "compute_capability": m.compute_capability, "package": m.package,
                              "validated": v.validated})

@@ -66,18 +66,20 @@ def _ssd_bwd(dout: torch.Tensor, dfinal_states: Optional[torch.Tensor], x: torch
     runtime.launch("ssd_bwd", x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
                    dt_limit=(dt_min, dt_max), initial_states=initial_states, initial_state_indices=initial_state_indices,
                    seq_idx=seq_idx, cu_seqlens=cu_seqlens, dout=dout, dfinal_states=dfinal_states, workspace=workspace,
-                   **{name: g for name, g in zip(_GRAD_NAMES, grads) if g.numel() or name in _ALWAYS})
+                   **{name: g for name, g, source in zip(_GRAD_NAMES, grads, (x, dt, A, B, C, D, z, dt_bias,
+                                                                             initial_states))
+                      if source is not None})
     return grads
 
 
 _GRAD_NAMES = ("dx", "ddt", "dA", "dB", "dC", "dD", "dz", "ddt_bias", "dinitial_states")
-_ALWAYS = ("dx", "ddt", "dA", "dB", "dC")
 
 
 def _ssd_bwd_outputs(x, dt, A, B, C, D, z, dt_bias, initial_states, num_seqs):
     def like(t):
         return t.new_empty(t.shape) if t is not None else x.new_empty(0)
-    dinitial = (x.new_empty((num_seqs, x.shape[2], x.shape[3], B.shape[3]), dtype=torch.float32)
+    # zeros: the kernel leaves the rows of sequences a seq_idx packing does not contain
+    dinitial = (x.new_zeros((num_seqs, x.shape[2], x.shape[3], B.shape[3]), dtype=torch.float32)
                 if initial_states is not None else x.new_empty(0))
     return [like(x), like(dt), like(A), like(B), like(C), like(D), like(z), like(dt_bias), dinitial]
 

@@ -36,7 +36,11 @@ class LaunchPlan:
 
 class CompositePlan(LaunchPlan):
     """A family whose call is several kernel launches on one stream, in order (each launch's kernel has its own
-    step plan in ``PLANS``). The dispatcher validates every step before it launches the first."""
+    step plan in ``PLANS``). The dispatcher validates every step, and loads every step's kernel on the one device
+    of all its arrays, before it launches the first."""
+
+    #: the families of the steps, in launch order (what ``preload`` and ``list_variants`` load / list for it)
+    step_families: tuple[str, ...] = ()
 
     def steps(self, **kwargs) -> list[tuple[str, BoundCall]]:
         """Validate a call; return its launches as (step family, bound call), in launch order."""

@@ -28,9 +28,11 @@ workspace          (n,) with n >= size / 4     fp32    scratch; ``workspace_size
 =================  ==========================  ======  =============================================================
 
 State blocks (num_seqs, H, P, N) are contiguous P × N matrices per (sequence, head). num_seqs is batch, the
-sequences of cu_seqlens, or with seq_idx (batch 1) the first dim of the state arrays given. dx, ddt and dz are
-zero on rows outside every cu_seqlens sequence; dout must be finite there. Nothing is accumulated into: every
-gradient is overwritten.
+sequences of cu_seqlens, or with seq_idx (batch 1) the first dim of the state arrays given (rows of
+dinitial_states for sequences a seq_idx row does not contain are not written). dx, ddt and dz are zero on rows
+outside every cu_seqlens sequence; dout must be finite there. Nothing is accumulated into: every gradient is
+overwritten. No gradient, and not the workspace, may overlap an input or another output (checked across the
+four launches). There are no gradients for ``ssd_fwd``'s ``chunk_states`` or final-state pools.
 
 Launches (one stream, in order; everything validated before the first):
 
@@ -42,7 +44,7 @@ Launches (one stream, in order; everything validated before the first):
    (``workspace.partials``);
 4. ``ssd_bwd_reduce``, one CTA per head: dA, dD, ddt_bias.
 
-Workspace (fp32 elements, each region 256-byte aligned): y (batch·L·H·P, io dtype), states and dstates
+Workspace (fp32 elements, 16-byte aligned; each region 256 bytes from the last): y (batch·L·H·P, io dtype), states and dstates
 (batch · ceil(L/64) · H · P · N each, fp32) and partials (batch · ceil(L/64) · H · (P + 2), fp32). Deterministic:
 no atomics, every sum in a fixed order, so repeated calls give bitwise-identical gradients.
 """
@@ -50,9 +52,9 @@ from __future__ import annotations
 
 import math
 
-from ..errors import InvalidArgumentError, ShapeError, StrideError
+from ..errors import AlignmentError, InvalidArgumentError, ShapeError, StrideError
 from ..tensors import DeviceArray, ITEMSIZE, as_device_array
-from ..validation import (GRID_YZ_MAX, BoundCall, expect_dim, expect_dtype, expect_given, expect_rank, expect_shape,
+from ..validation import (GRID_YZ_MAX, BoundCall, check_call, expect_dim, expect_dtype, expect_given, expect_rank, expect_shape,
                           expect_complete, null_absent, record_strides, stride_names)
 from .base import CompositePlan, LaunchPlan
 from .ssd_fwd import IO_DTYPES, SsdForwardPlan, expect_vector_operand
@@ -140,7 +142,7 @@ class Workspace:
         for name, shape, dtype in self.layout:
             strides = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
             views[name] = DeviceArray(name, ws.ptr + self.offsets[name], shape, strides, dtype, ws.device,
-                                      stream=ws.stream)
+                                      readonly=ws.readonly, stream=ws.stream)
         return views
 
 
@@ -150,12 +152,14 @@ def _rename(arr: DeviceArray | None, name: str) -> DeviceArray | None:
 
 class SsdBackwardPlan(CompositePlan):
     family = "ssd_bwd"
+    step_families = ("ssd_fwd", "ssd_bwd_dstates", "ssd_bwd_chunk", "ssd_bwd_reduce")
     arrays = ("x", "dt", "A", "B", "C", "dout", "dx", "ddt", "dA", "dB", "dC", "workspace", "D", "z", "dt_bias",
               "initial_states", "initial_state_indices", "dfinal_states", "seq_idx", "cu_seqlens", "dD", "dz",
               "ddt_bias", "dinitial_states")
 
-    def workspace_size(self, *, x, B, **_) -> int:
+    def workspace_size(self, *, x=None, B=None, **_) -> int:
         """Bytes of workspace for a call with these x (batch, L, H, P) and B (batch, L, G, N) (any array objects)."""
+        expect_given(x=x, B=B)
         x, B = as_device_array(x, "x"), as_device_array(B, "B")
         expect_rank(x, 4, "(batch, seqlen, nheads, headdim)")
         expect_rank(B, 4, "(batch, seqlen, ngroups, d_state)")
@@ -182,7 +186,7 @@ class SsdBackwardPlan(CompositePlan):
                              f"(workspace_size('ssd_bwd', ...) = {ws.size} bytes), got shape {workspace.shape} "
                              f"strides {workspace.strides}")
         if workspace.ptr % 16:
-            raise InvalidArgumentError("workspace", f"workspace: data pointer {workspace.ptr:#x} must be 16-byte aligned")
+            raise AlignmentError("workspace", f"workspace: data pointer {workspace.ptr:#x} must be 16-byte aligned")
         views = ws.views(workspace)
 
         # 1. the forward, recomputed: its validation is the forward's own
@@ -314,5 +318,12 @@ class SsdBackwardPlan(CompositePlan):
         reduce_call = BoundCall(constants={"headdim": headdim}, grid=(nheads, 1, 1), params=rp, inputs=(partials,),
                                 outputs=tuple(a for a in (dA, dD, ddt_bias) if a is not None))
 
+        # across the steps: no gradient (or the workspace) may overlap an input or another output, since one step
+        # writes what a later one reads
+        read = (x, dt, A, B, C, D, z, dt_bias, initial_states, initial_state_indices, seq_idx, cu_seqlens, dout,
+                dfinal_states)
+        written = (dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states, workspace)
+        check_call(BoundCall({}, (1, 1, 1), {}, tuple(a for a in read if a is not None),
+                             tuple(a for a in written if a is not None)))
         return [("ssd_fwd", forward), ("ssd_bwd_dstates", states_call), ("ssd_bwd_chunk", chunk_call),
                 ("ssd_bwd_reduce", reduce_call)]
