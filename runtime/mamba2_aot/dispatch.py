@@ -140,28 +140,20 @@ def launch(family: str, *, stream=None, **kwargs) -> None:
     call, variant_key, known_device, packed_cache = _validated(plan, kwargs)
     if 0 in call.grid:
         return  # an empty batch or no heads: nothing to compute
-    _launch_call(plan, call, variant_key, known_device, packed_cache, handle)
-
-
-def _launch_call(plan: LaunchPlan, call: BoundCall, variant_key: tuple, known_device: int | None,
-                 packed_cache: dict | None, handle: int) -> None:
-    """Steps 4 to 6 for one validated call."""
     drv = driver.get()
     device = _device_of(drv, call, handle, known_device)
-    kernel = _kernel_for(drv, plan, call, variant_key, device, handle)
+    kernel = _kernels.get((family, variant_key, device)) or _load(drv, plan, call, device, handle)
     _enqueue(drv, device, kernel, call, handle, packed_cache)
 
 
-def _kernel_for(drv, plan: LaunchPlan, call: BoundCall, variant_key: tuple, device: int, handle: int) -> LoadedKernel:
-    kernel = _kernels.get((plan.family, variant_key, device))
-    if kernel is None:
-        restore = drv.bind_primary_context(device)
-        try:
-            kernel = load_kernel(drv, plan, call.constants, device, capture_stream=handle)
-        finally:
-            if restore is not None:
-                drv.set_current_context(restore)
-    return kernel
+def _load(drv, plan: LaunchPlan, call: BoundCall, device: int, handle: int) -> LoadedKernel:
+    """``load_kernel`` with the device's primary context current (it sets per-device kernel attributes)."""
+    restore = drv.bind_primary_context(device)
+    try:
+        return load_kernel(drv, plan, call.constants, device, capture_stream=handle)
+    finally:
+        if restore is not None:
+            drv.set_current_context(restore)
 
 
 def _enqueue(drv, device: int, kernel: LoadedKernel, call: BoundCall, handle: int, packed_cache: dict | None) -> None:
@@ -179,26 +171,18 @@ def _enqueue(drv, device: int, kernel: LoadedKernel, call: BoundCall, handle: in
 def _launch_steps(plan: CompositePlan, kwargs: dict, handle: int) -> None:
     """A composite family: validate and check every step (and that each is built), find the one device of all their
     arrays and load every step's kernel on it, then launch them in order (so a refused call launches nothing)."""
-    try:
-        steps = plan.steps(**kwargs)
-    except TypeError as exc:
-        error = None if isinstance(exc, Mamba2AOTError) else _keyword_error(plan, kwargs)
-        if error is None:
-            raise
-        raise error from None
     bound = []
-    for family, call in steps:
-        check_call(call)
-        variant_key = manifest.constants_key(call.constants)
+    for family, call in _call_plan(plan.steps, plan, kwargs):
+        variant_key = _checked(family, call)
         if 0 not in call.grid:
-            manifest.catalog().require_built(family, variant_key)
             bound.append((PLANS[family], call, variant_key))
     if not bound:
         return
     drv = driver.get()
     every_array = BoundCall({}, (1, 1, 1), {}, tuple(a for _, call, _ in bound for a in call.inputs + call.outputs), ())
     device = _device_of(drv, every_array, handle, None)
-    kernels = [_kernel_for(drv, step_plan, call, variant_key, device, handle) for step_plan, call, variant_key in bound]
+    kernels = [_kernels.get((step_plan.family, variant_key, device)) or _load(drv, step_plan, call, device, handle)
+               for step_plan, call, variant_key in bound]
     for kernel, (_, call, _) in zip(kernels, bound):
         _enqueue(drv, device, kernel, call, handle, None)
 
@@ -220,17 +204,8 @@ def _validated(plan: LaunchPlan, kwargs: dict) -> tuple[BoundCall, tuple, int | 
     except TypeError:
         key, memo = None, None
     if memo is None:
-        try:
-            call = plan.bind(**kwargs)
-        except TypeError as exc:  # only the error path pays for inspecting the signature
-            error = None if isinstance(exc, Mamba2AOTError) else _keyword_error(plan, kwargs)
-            if error is None:
-                raise
-            raise error from None
-        check_call(call)
-        variant_key = manifest.constants_key(call.constants)
-        if 0 not in call.grid:
-            manifest.catalog().require_built(plan.family, variant_key)
+        call = _call_plan(plan.bind, plan, kwargs)
+        variant_key = _checked(plan.family, call)
         devices = {a.device for a in call.inputs + call.outputs}
         memo = (call, variant_key, devices.pop() if len(devices) == 1 else None, {} if key is not None else None)
         if key is not None:
@@ -238,6 +213,28 @@ def _validated(plan: LaunchPlan, kwargs: dict) -> tuple[BoundCall, tuple, int | 
                 _recent_calls.clear()
             _recent_calls[key] = memo
     return memo
+
+
+def _call_plan(fn, plan: LaunchPlan, kwargs: dict):
+    """``fn(**kwargs)`` (the plan's ``bind``, or a composite's ``steps``), a misspelt or missing keyword raised as
+    :class:`InvalidArgumentError`."""
+    try:
+        return fn(**kwargs)
+    except TypeError as exc:  # only the error path pays for inspecting the signature
+        error = None if isinstance(exc, Mamba2AOTError) else _keyword_error(plan, kwargs)
+        if error is None:
+            raise
+        raise error from None
+
+
+def _checked(family: str, call: BoundCall) -> tuple:
+    """The checks every kernel call needs (``check_call``) and, unless its grid is empty, that its variant is built;
+    returns the variant's lookup key."""
+    check_call(call)
+    variant_key = manifest.constants_key(call.constants)
+    if 0 not in call.grid:
+        manifest.catalog().require_built(family, variant_key)
+    return variant_key
 
 
 def _keyword_error(plan: LaunchPlan, kwargs: dict) -> InvalidArgumentError | None:
