@@ -24,6 +24,8 @@ import torch
 
 from . import runtime
 from .errors import InvalidArgumentError, ShapeError
+from .plans.ssd_fwd import expect_vector_operand
+from .tensors import as_device_array
 
 _STATE_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -216,14 +218,17 @@ def _fp32(t):
 
 
 def _rows_of_vectors(t):
-    """``t`` itself when the kernels can read it with 16-byte vectors (last dim contiguous, 16-byte aligned rows),
-    else a contiguous copy (as state-spaces/mamba copies a tensor whose last dim is strided)."""
+    """``t`` itself when the kernels can read it with 16-byte vectors (``plans.ssd_fwd.expect_vector_operand``, and
+    a contiguous last dim), else a contiguous copy (as state-spaces/mamba copies a tensor whose last dim is
+    strided)."""
     if t is None:
         return None
-    vector = 16 // t.element_size()
-    if (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-            and all(stride % vector == 0 for stride, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1)):
-        return t
+    try:
+        if t.stride(-1) == 1:
+            expect_vector_operand(as_device_array(t, "t"))
+            return t
+    except InvalidArgumentError:
+        pass
     return t.contiguous()
 
 
