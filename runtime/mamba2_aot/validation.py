@@ -120,6 +120,14 @@ def record_strides(params: dict, arr: DeviceArray, dims: tuple[str, ...]) -> Non
     params.update(zip(stride_names(arr.name, *dims), arr.strides))
 
 
+def expect_state_blocks(arr: DeviceArray, d_state: int, block: str) -> None:
+    """A state array whose ``block`` blocks (e.g. "(sequence, head)") are contiguous headdim × d_state matrices, as
+    the kernels address them."""
+    if arr.strides[-2:] != (d_state, 1):
+        raise StrideError(arr.name, f"{arr.name}: each {block} block must be a contiguous headdim × d_state matrix "
+                          f"(strides (..., {d_state}, 1)), got strides {arr.strides}")
+
+
 def null_absent(params: dict, param_names: tuple[str, ...], names) -> None:
     """Arrays a call does not pass: a null pointer and zero strides for each of ``names`` not in ``params``
     (or given as a null pointer)."""

@@ -52,10 +52,10 @@ from __future__ import annotations
 
 import math
 
-from ..errors import AlignmentError, InvalidArgumentError, ShapeError, StrideError
+from ..errors import AlignmentError, InvalidArgumentError, ShapeError
 from ..tensors import DeviceArray, ITEMSIZE, as_device_array
-from ..validation import (GRID_YZ_MAX, BoundCall, check_call, expect_dim, expect_dtype, expect_given, expect_rank, expect_shape,
-                          expect_complete, null_absent, record_strides, stride_names)
+from ..validation import (BoundCall, check_call, expect_dtype, expect_given, expect_rank, expect_shape,
+                          expect_complete, expect_state_blocks, null_absent, record_strides, stride_names)
 from .base import CompositePlan, LaunchPlan
 from .ssd_fwd import IO_DTYPES, SsdForwardPlan, expect_vector_operand
 from .ssm_inputs import SSM_STRIDES
@@ -235,9 +235,7 @@ class SsdBackwardPlan(CompositePlan):
         for arr in state_grads:
             expect_dtype(arr, ("fp32",))
             expect_shape(arr, (num_seqs, nheads, headdim, d_state), "(num_seqs, nheads, headdim, d_state)")
-            if arr.strides[2:] != (d_state, 1):
-                raise StrideError(arr.name, f"{arr.name}: each (sequence, head) block must be a contiguous headdim × "
-                                  f"d_state matrix, got strides {arr.strides}")
+            expect_state_blocks(arr, d_state, "(sequence, head)")
 
         common = {"batch": batch, "seqlen": seqlen, "nheads": nheads, "heads_per_group": fp["heads_per_group"],
                   "num_seqs": num_seqs, "nblocks": nblocks, "dt_softplus": fp["dt_softplus"], "dt_min": fp["dt_min"],
@@ -262,7 +260,6 @@ class SsdBackwardPlan(CompositePlan):
                 record_strides(sp, arr, dims)
         null_absent(sp, SsdBackwardStatesPlan.param_names, optional)
         expect_complete(sp, SsdBackwardStatesPlan.param_names, "ssd_bwd_dstates")
-        expect_dim("x", "nheads (dim 2)", nheads, maximum=GRID_YZ_MAX)
         states_call = BoundCall(
             constants={"headdim": headdim, "d_state": d_state, "io_dtype": io},
             grid=(headdim // BLOCK, nheads, sources), params=sp,
@@ -289,8 +286,7 @@ class SsdBackwardPlan(CompositePlan):
                 record_strides(cp, arr, ("seq", "head") if name == "dfinal_states" else ("batch", "seqlen", "head"))
         null_absent(cp, SsdBackwardChunkPlan.param_names, ("z", "dz", "dfinal_states"))
         expect_complete(cp, SsdBackwardChunkPlan.param_names, "ssd_bwd_chunk")
-        expect_dim("B", "ngroups (dim 2)", G, maximum=GRID_YZ_MAX)
-        expect_dim("x", "batch (dim 0)", batch, maximum=GRID_YZ_MAX)
+        # (grid y and z: the groups and rows, within the forward's checked heads and rows)
         chunk_call = BoundCall(
             constants={"headdim": headdim, "d_state": d_state, "io_dtype": io,
                        "state_dtype": forward.constants["state_dtype"]},

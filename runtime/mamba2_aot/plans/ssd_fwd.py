@@ -62,7 +62,7 @@ import math
 from ..errors import AlignmentError, InvalidArgumentError, ShapeError, StrideError
 from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_complete, expect_dim, expect_dt_limit,
                           expect_dtype, expect_given, expect_int, expect_shape, null_absent,
-                          record_strides, stride_names)
+                          expect_state_blocks, record_strides, stride_names)
 from .base import LaunchPlan
 from .sequence_states import bind_cu_seqlens, bind_sequence_states, state_dtype
 from .ssm_inputs import SSM_STRIDES, bind_ssm_inputs, x_shape
@@ -150,16 +150,11 @@ class SsdForwardPlan(LaunchPlan):
 
         dtype = state_dtype(initial_states, final_states, STATE_DTYPES, default="fp32")
 
-        def contiguous_blocks(arr):
-            if arr.strides[2:] != (d_state, 1):
-                raise StrideError(arr.name, f"{arr.name}: each (sequence, head) block must be a contiguous headdim × "
-                                  f"d_state matrix (strides (..., {d_state}, 1)), got strides {arr.strides}")
-
         read, written = bind_sequence_states(
             params, initial_states=initial_states, initial_state_indices=initial_state_indices,
             final_states=final_states, final_state_indices=final_state_indices, num_seqs=num_seqs,
             block=(nheads, headdim, d_state), block_dims="nheads, headdim, d_state", stride_dims=("slot", "head"),
-            check_block=contiguous_blocks)
+            check_block=lambda arr: expect_state_blocks(arr, d_state, "(sequence, head)"))
         inputs += read
         outputs += written
 
@@ -167,9 +162,7 @@ class SsdForwardPlan(LaunchPlan):
             expect_dtype(chunk_states, ("fp32",))
             expect_shape(chunk_states, (batch, params["nchunks"], nheads, headdim, d_state),
                          "(batch, ceil(seqlen / chunk_size), nheads, headdim, d_state)")
-            if chunk_states.strides[3:] != (d_state, 1):
-                raise StrideError("chunk_states", "chunk_states: each (row, chunk, head) block must be a contiguous "
-                                  f"headdim × d_state matrix, got strides {chunk_states.strides}")
+            expect_state_blocks(chunk_states, d_state, "(row, chunk, head)")
             record_strides(params, chunk_states, ("batch", "chunk", "head"))
             outputs.append(chunk_states)
 

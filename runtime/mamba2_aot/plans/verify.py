@@ -73,7 +73,7 @@ import math
 from ..errors import AlignmentError, InvalidArgumentError, ShapeError, StrideError
 from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_complete, expect_dim, expect_dt_limit,
                           expect_dtype, expect_given, expect_mode_args, expect_rank, expect_shape, null_absent,
-                          record_strides, stride_names)
+                          expect_state_blocks, record_strides, stride_names)
 from .base import LaunchPlan
 from .conv_inputs import ACTIVATIONS, CONV_STRIDES, bind_conv_pool, bind_conv_weights, bind_conv_window, bind_tickets
 from .pool_requests import bind_requests
@@ -175,9 +175,7 @@ class VerifyPlan(LaunchPlan):
         expect_dim("state", "num_slots (dim 0)", num_slots)
         expect_shape(state, (num_slots, nheads, headdim, d_state),
                      f"(num_slots, nheads, headdim, d_state) of {'out' if fused else 'x and B'}")
-        if state.strides[2:] != (d_state, 1):
-            raise StrideError("state", f"state: each (slot, head) block must be a contiguous headdim × d_state "
-                              f"matrix (strides (..., {d_state}, 1)), got strides {state.strides}")
+        expect_state_blocks(state, d_state, "(slot, head)")
         # each lane reads d_state / 32 contiguous columns as one vector (the kernel's state_align)
         lane_columns = d_state // 32
         if any(s % lane_columns for s in state.strides[:2]):
