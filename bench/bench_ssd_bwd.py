@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from bench_ssd_fwd import REFERENCE_SHAPES, Shape, make_inputs
-from common import baseline_in_child, copy_bandwidth, graph_time_us, rotation
+from common import copy_bandwidth, graph_time_us, rotation, with_baseline
 
 
 def backward_floor_bytes(s: Shape) -> int:
@@ -82,11 +82,7 @@ def measure(s: Shape, bandwidth: float, baseline: bool) -> dict:
     row = {"shape": s.name, **s._asdict(), "backward_floor_us": backward_floor_bytes(s) / bandwidth * 1e6,
            "ours": bench_ours(s)}
     row["backward_roofline_fraction"] = row["backward_floor_us"] / row["ours"]["backward_us"]
-    if baseline:
-        row["triton"] = baseline_in_child(bench_triton, s)
-        if row["triton"] is not None:
-            row["speedup"] = row["triton"]["us"] / row["ours"]["us"]
-    return row
+    return with_baseline(row, bench_triton, s) if baseline else row
 
 
 def main():

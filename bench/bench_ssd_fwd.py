@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import torch
 
-from common import baseline_in_child, copy_bandwidth, eager_time_us, graph_time_us, rotation
+from common import copy_bandwidth, eager_time_us, graph_time_us, rotation, with_baseline
 
 
 
@@ -103,11 +103,7 @@ def measure(s: Shape, bandwidth: float, baseline: bool) -> dict:
     """One row: ours and (in a child process, when asked) Triton's graph and eager times, workspace, roofline."""
     row = {"shape": s.name, **s._asdict(), "floor_us": floor_bytes(s) / bandwidth * 1e6, "ours": bench_ours(s)}
     row["roofline_fraction"] = row["floor_us"] / row["ours"]["us"]
-    if baseline:
-        row["triton"] = baseline_in_child(bench_triton, s)
-        if row["triton"] is not None:
-            row["speedup"] = row["triton"]["us"] / row["ours"]["us"]
-    return row
+    return with_baseline(row, bench_triton, s) if baseline else row
 
 
 def main():

@@ -90,6 +90,15 @@ def baseline_in_child(fn, *args) -> float:
     return None if result != result else result  # NaN: the baseline is not importable
 
 
+def with_baseline(row: dict, fn, *args) -> dict:
+    """``row`` (ours in ``row["ours"]["us"]``) with the baseline's ``fn(*args)`` measured in a child process as
+    ``row["triton"]`` and, when it ran, ``row["speedup"]`` (Triton's time over ours)."""
+    row["triton"] = baseline_in_child(fn, *args)
+    if row["triton"] is not None:
+        row["speedup"] = row["triton"]["us"] / row["ours"]["us"]
+    return row
+
+
 def provenance():
     """GPU, driver and package versions, the git revision, and the command (file names only, no local paths).
 
