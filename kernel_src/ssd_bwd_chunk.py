@@ -32,13 +32,12 @@ import math
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
-from cutlass.cute.nvgpu import warp
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
 from kernel_src.families import expect_constants
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, async_tile_copy, block_cumsum,
                                   count_changes, first_set_bit, load_tile, mn_view, next_change, scale_row,
-                                  smem_layout, transposed)
+                                  smem_layout, transposed, vec, view)
 from kernel_src.ssm_math import SOFTPLUS_IDENTITY_ABOVE, delta_from_dt, warp_inclusive_scan
 
 LOG2_E = math.log2(math.e)
@@ -68,11 +67,12 @@ class SsdBackwardChunk:
 
     def params(self):
         io, st = self.io_dtype, self.state_dtype
-        vec = 2 * VECTOR
+        rows = 2 * VECTOR   # byte alignment of the arrays moved in 16-byte vectors
         return [
-            ptr("x", io, align=vec), ptr("dt", io), ptr("A", "fp32"), ptr("B", io, align=vec), ptr("C", io, align=vec),
-            ptr("D", "fp32"), ptr("z", io, align=vec), ptr("dt_bias", "fp32"), ptr("out", io, align=vec),
-            ptr("dout", io, align=vec), ptr("dx", io), ptr("ddt", io), ptr("dB", io), ptr("dC", io), ptr("dz", io),
+            ptr("x", io, align=rows), ptr("dt", io), ptr("A", "fp32"), ptr("B", io, align=rows),
+            ptr("C", io, align=rows), ptr("D", "fp32"), ptr("z", io, align=rows), ptr("dt_bias", "fp32"),
+            ptr("out", io, align=rows),
+            ptr("dout", io, align=rows), ptr("dx", io), ptr("ddt", io), ptr("dB", io), ptr("dC", io), ptr("dz", io),
             ptr("initial_states", st), ptr("initial_state_indices", "int32"), ptr("states", "fp32"),
             ptr("dfinal_states", "fp32"), ptr("dstates", "fp32"), ptr("partials", "fp32"),
             ptr("seq_idx", "int32"), ptr("cu_seqlens", "int32"),
@@ -110,11 +110,7 @@ class SsdBackwardChunk:
         block_start = blk * TILE
         rows = cute.math.min(L - block_start, Int32(TILE))
 
-        def view(pointer, shape, *strides):
-            return cute.make_tensor(pointer, cute.make_layout(shape, stride=strides))
 
-        def vec(stride):
-            return cute.assume(stride, divby=VECTOR)
 
         def per_head(pointer, name):  # a (batch, L, H, P) array
             return view(pointer, (a.batch, L, H, P), getattr(a, f"stride_{name}_batch"),
@@ -158,10 +154,7 @@ class SsdBackwardChunk:
         storage = cutlass.utils.SmemAllocator().allocate(self._shared_storage(io_type))
         sm = Shared(storage, P, N)
 
-        wm, wn = self.warps
-        tiled_mma = cute.make_tiled_mma(warp.MmaF16BF16Op(io_type, Float32, (16, 8, 16)), cute.make_layout((wm, wn, 1)),
-                                        permutation_mnk=(wm * 16, wn * 16, 16))
-        mma = MmaParts(tiled_mma, tid, io_type)
+        mma = MmaParts(io_type, self.warps, tid)
         g2s = async_tile_copy(io_type, THREADS)
 
         if cute.arch.warp_idx() == 0:
@@ -174,10 +167,7 @@ class SsdBackwardChunk:
         cute.arch.sync_threads()
 
         # C·Bᵀ is the same for every head of the group: kept in shared memory, each thread's fragment in its column
-        acc_cb = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
-        acc_cb.fill(0.0)
-        mma.gemm(acc_cb, sm.C, sm.B, N // 16)
-        _park(acc_cb, sm.fragments[0, tid, None])
+        _accumulate(mma, sm.fragments[0, tid, None], sm.C, sm.B, N // 16, fresh=True)
         # dB and dC of the group: fp32 accumulators parked in shared memory between their products
         acc = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, N)), Float32)
         acc.fill(0.0)
@@ -267,8 +257,7 @@ class SsdBackwardChunk:
         if a.has_seq_idx != 0:
             if (a.has_initial_states != 0) | (a.has_dfinal_states != 0):
                 # sequences of a seq_idx row are numbered 0, 1, ... along it (states only at batch 1)
-                seq_idx = cute.make_tensor(a.seq_idx, cute.make_layout((a.batch, a.seqlen), stride=(
-                    a.stride_seq_idx_batch, a.stride_seq_idx_seqlen)))
+                seq_idx = view(a.seq_idx, (a.batch, a.seqlen), a.stride_seq_idx_batch, a.stride_seq_idx_seqlen)
                 before = count_changes(seq_idx, row, Int32(0), block_start, lane)
                 counted0 = change0
                 if block_start + lane == 0:  # the row's first token starts sequence 0
@@ -311,11 +300,10 @@ class SsdBackwardChunk:
         if (tok >= 0) & (tok < stop):
             inside = Int32(1)
             if a.has_seq_idx != 0:
-                key = cute.make_tensor(a.seq_idx, cute.make_layout((a.batch, a.seqlen), stride=(
-                    a.stride_seq_idx_batch, a.stride_seq_idx_seqlen)))[row, tok]
+                key = view(a.seq_idx, (a.batch, a.seqlen), a.stride_seq_idx_batch, a.stride_seq_idx_seqlen)[row, tok]
                 number = Int32(0)
             if a.has_cu_seqlens != 0:
-                cu = cute.make_tensor(a.cu_seqlens, cute.make_layout((a.num_seqs + 1,), stride=(a.stride_cu_seqlens_seq,)))
+                cu = view(a.cu_seqlens, (a.num_seqs + 1,), a.stride_cu_seqlens_seq)
                 # the last k with cu[k] <= tok (entries clamped to [0, L], as the forward clamps them)
                 lo = Int32(0)
                 hi = a.num_seqs
@@ -353,7 +341,7 @@ class SsdBackwardChunk:
             load_tile(g2s, thr, t.z[row, None, h, None], ident_x, sZ, (TILE, P), (blk, 0), L)
             load_tile(g2s, thr, t.y[row, None, h, None], ident_x, sY, (TILE, P), (blk, 0), L)
         cute.arch.cp_async_commit_group()
-        A = cute.make_tensor(a.A, cute.make_layout((a.nheads,), stride=(a.stride_A_head,)))[h]
+        A = view(a.A, (a.nheads,), a.stride_A_head)[h]
         if warp_id == 0:
             self._scan_head(a, t, sm, row, h, block_start, A, lane)
         sD, s_last, s_parts = sm.D, sm.last, sm.parts
@@ -377,10 +365,7 @@ class SsdBackwardChunk:
             self._gate(t, sm, sZ, sY, row, h, block_start, rows, tid, io_type)
             cute.arch.sync_threads()
 
-        acc_q = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
-        acc_q.fill(0.0)
-        mma.gemm(acc_q, sm.G, sm.x, P // 16)
-        _park(acc_q, sm.fragments[1, tid, None])
+        _accumulate(mma, sm.fragments[1, tid, None], sm.G, sm.x, P // 16, fresh=True)   # Q = G·xᵀ
         acc_dx = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P)), Float32)
         acc_dx.fill(0.0)
 
@@ -401,7 +386,7 @@ class SsdBackwardChunk:
         """Warp 0: Δ (zero outside every sequence), its cumsum of Δ·A·log2(e) and dt + dt_bias of the block's rows."""
         bias = Float32(0.0)
         if a.has_dt_bias != 0:
-            bias = cute.make_tensor(a.dt_bias, cute.make_layout((a.nheads,), stride=(a.stride_dt_bias_head,)))[h]
+            bias = view(a.dt_bias, (a.nheads,), a.stride_dt_bias_head)[h]
         d0 = Float32(0.0)
         d1 = Float32(0.0)
         v0 = Float32(0.0)
@@ -612,8 +597,8 @@ class SsdBackwardChunk:
                 T_[r, c] = f * T_[r, c] * sm.G[i, coords_p[0, c][1]].to(Float32)
         _row_sums(T_, coords_p, parts[1, warp_id, None], lane)
         # dB += (w ⊙ x)·dh_end ; dC += (e ⊙ G)·h₀
-        _accumulate(mma, sm.dB[tid, None], sXw, transposed(sm.dh, P, N), P // 16, False, True)
-        _accumulate(mma, sm.dC[tid, None], sGe, transposed(sm.h0, P, N), P // 16, False, True)
+        _accumulate(mma, sm.dB[tid, None], sXw, transposed(sm.dh, P, N), P // 16, b_transposed=True)
+        _accumulate(mma, sm.dC[tid, None], sGe, transposed(sm.h0, P, N), P // 16, b_transposed=True)
 
     @cute.jit
     def _finish(self, a, t, sm, mma, acc_dx, row, h, blk, block_start, rows, A, tid,
@@ -645,9 +630,9 @@ class SsdBackwardChunk:
                 for c in cutlass.range_constexpr(cute.size(dX, mode=[1])):
                     dx_out[row, block_start + i, h, coords_p[0, c][1]] = dX[r, c].to(io_type)
         # dB += Vᵀ·C ; dC += V·B
-        _accumulate(mma, sm.dB[tid, None], transposed(sm.V, TILE, TILE), transposed(sm.C, TILE, N), TILE // 16, True,
-                    True)
-        _accumulate(mma, sm.dC[tid, None], sm.V, transposed(sm.B, TILE, N), TILE // 16, False, True)
+        _accumulate(mma, sm.dB[tid, None], transposed(sm.V, TILE, TILE), transposed(sm.C, TILE, N), TILE // 16,
+                    a_transposed=True, b_transposed=True)
+        _accumulate(mma, sm.dC[tid, None], sm.V, transposed(sm.B, TILE, N), TILE // 16, b_transposed=True)
 
         if warp_id == 0:
             self._rows(a, t, sm, parts, row, h, blk, block_start, rows, A, lane, io_type)
@@ -806,11 +791,15 @@ def _unpark(frag, src):
 
 
 @cute.jit
-def _accumulate(mma, parked, sA, sB, k_blocks: cutlass.Constexpr, a_transposed: cutlass.Constexpr,
-                b_transposed: cutlass.Constexpr):
-    """parked += sA·sBᵀ for an fp32 accumulator of shape (TILE, N) parked in shared memory."""
+def _accumulate(mma, parked, sA, sB, k_blocks: cutlass.Constexpr, a_transposed: cutlass.Constexpr = False,
+                b_transposed: cutlass.Constexpr = False, fresh: cutlass.Constexpr = False):
+    """parked += sA·sBᵀ (parked = sA·sBᵀ when ``fresh``) for an fp32 accumulator of shape (TILE, columns of sB)
+    parked in shared memory."""
     acc = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, cute.size(sB, mode=[0]))), Float32)
-    _unpark(acc, parked)
+    if cutlass.const_expr(fresh):
+        acc.fill(0.0)
+    else:
+        _unpark(acc, parked)
     mma.gemm(acc, sA, sB, k_blocks, a_transposed=a_transposed, b_transposed=b_transposed)
     _park(acc, parked)
 

@@ -23,13 +23,12 @@ import math
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
-from cutlass.cute.nvgpu import warp
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, strides
 from kernel_src.families import expect_constants
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, async_tile_copy, block_cumsum,
                                   count_changes, load_state, load_tile, mask_bit, previous_change, smem_layout,
-                                  store_state, transposed)
+                                  store_state, transposed, vec, view)
 from kernel_src.ssm_math import delta_from_dt, silu
 
 P_TILE = 64
@@ -54,10 +53,10 @@ class SsdBackwardStates:
 
     def params(self):
         io = self.io_dtype
-        vec = 2 * VECTOR
+        rows = 2 * VECTOR   # byte alignment of the arrays moved in 16-byte vectors
         return [
-            ptr("dout", io, align=vec), ptr("z", io, align=vec), ptr("dt", io), ptr("A", "fp32"),
-            ptr("C", io, align=vec), ptr("dt_bias", "fp32"),
+            ptr("dout", io, align=rows), ptr("z", io, align=rows), ptr("dt", io), ptr("A", "fp32"),
+            ptr("C", io, align=rows), ptr("dt_bias", "fp32"),
             ptr("dfinal_states", "fp32"), ptr("dinitial_states", "fp32"), ptr("dstates", "fp32"),
             ptr("seq_idx", "int32"), ptr("cu_seqlens", "int32"),
             i32("batch"), i32("seqlen"), i32("nheads"), i32("heads_per_group"), i32("num_seqs"), i32("nblocks"),
@@ -92,11 +91,7 @@ class SsdBackwardStates:
         g = h // a.heads_per_group
         p0 = ptile * P_TILE
 
-        def view(pointer, shape, *strides):
-            return cute.make_tensor(pointer, cute.make_layout(shape, stride=strides))
 
-        def vec(stride):
-            return cute.assume(stride, divby=VECTOR)
 
         dout = view(a.dout, (a.batch, L, H, P), vec(a.stride_dout_batch), vec(a.stride_dout_seqlen),
                     vec(a.stride_dout_head), 1)
@@ -131,10 +126,7 @@ class SsdBackwardStates:
         sCs = storage.cs.get_tensor(cute.make_layout((TILE,)))
         sChanges = storage.changes.get_tensor(cute.make_layout((2,)))
 
-        wm, wn = self.warps
-        tiled_mma = cute.make_tiled_mma(warp.MmaF16BF16Op(io_type, Float32, (16, 8, 16)), cute.make_layout((wm, wn, 1)),
-                                        permutation_mnk=(wm * 16, wn * 16, 16))
-        mma = MmaParts(tiled_mma, tid, io_type)
+        mma = MmaParts(io_type, self.warps, tid)
         g2s = async_tile_copy(io_type, self.threads)
         thr = g2s.get_slice(tid)
         ident_x = cute.make_identity_tensor((L, P))

@@ -33,13 +33,12 @@ import math
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
-from cutlass.cute.nvgpu import warp
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
 from kernel_src.families import expect_constants
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, async_tile_copy, block_cumsum, load_tile,
                                   mask_bit, mn_view, next_change, scale_row, smem_layout, store_pairs, store_state,
-                                  transposed)
+                                  transposed, vec, view)
 from kernel_src.ssm_math import delta_from_dt, silu_approx
 
 P_TILE = 64      # head-dim rows per CTA
@@ -76,10 +75,11 @@ class SsdForward:
 
     def params(self):
         io, st = self.io_dtype, self.state_dtype
-        vec = 2 * VECTOR
+        rows = 2 * VECTOR   # byte alignment of the arrays moved in 16-byte vectors
         return [
-            ptr("x", io, align=vec), ptr("dt", io), ptr("A", "fp32"), ptr("B", io, align=vec), ptr("C", io, align=vec),
-            ptr("D", "fp32"), ptr("z", io, align=vec), ptr("dt_bias", "fp32"), ptr("out", io, align=vec),
+            ptr("x", io, align=rows), ptr("dt", io), ptr("A", "fp32"), ptr("B", io, align=rows),
+            ptr("C", io, align=rows), ptr("D", "fp32"), ptr("z", io, align=rows), ptr("dt_bias", "fp32"),
+            ptr("out", io, align=rows),
             ptr("initial_states", st), ptr("initial_state_indices", "int32"),
             ptr("final_states", st), ptr("final_state_indices", "int32"),
             ptr("chunk_states", "fp32"), ptr("seq_idx", "int32"), ptr("cu_seqlens", "int32"),
@@ -120,11 +120,7 @@ class SsdForward:
         g = h // a.heads_per_group
         p0 = ptile * P_TILE
 
-        def view(pointer, shape, *strides):
-            return cute.make_tensor(pointer, cute.make_layout(shape, stride=strides))
 
-        def vec(stride):  # the runtime checks that cp.async operands' strides are multiples of VECTOR elements
-            return cute.assume(stride, divby=VECTOR)
 
         x = view(a.x, (a.batch, L, H, P), vec(a.stride_x_batch), vec(a.stride_x_seqlen), vec(a.stride_x_head), 1)
         z = view(a.z, (a.batch, L, H, P), vec(a.stride_z_batch), vec(a.stride_z_seqlen), vec(a.stride_z_head), 1)
@@ -175,10 +171,7 @@ class SsdForward:
         sCs = storage.cs.get_tensor(cute.make_layout((TILE,)))
         sChanges = storage.changes.get_tensor(cute.make_layout((2,)))
 
-        wm, wn = self.warps
-        tiled_mma = cute.make_tiled_mma(warp.MmaF16BF16Op(io_type, Float32, (16, 8, 16)), cute.make_layout((wm, wn, 1)),
-                                        permutation_mnk=(wm * 16, wn * 16, 16))
-        mma = MmaParts(tiled_mma, tid, io_type)
+        mma = MmaParts(io_type, self.warps, tid)
         g2s = async_tile_copy(io_type, self.threads)
         gx = x[row, None, h, None]
         gz = z[row, None, h, None]

@@ -55,10 +55,24 @@ def load_state(acc, mma, src, p0, valid):
         acc[e] = v
 
 
-class MmaParts:
-    """A tiled warp MMA with its ldmatrix copies: ``gemm`` runs acc += A·Bᵀ over K from two shared tiles."""
+def view(pointer, shape, *strides):
+    """A tensor over ``pointer`` with these (dynamic) strides: how the kernels see the flat ABI's arrays."""
+    return cute.make_tensor(pointer, cute.make_layout(shape, stride=strides))
 
-    def __init__(self, tiled_mma, tid, io_type):
+
+def vec(stride):
+    """A stride the runtime checked to be a multiple of VECTOR elements (rows moved 16 bytes at a time)."""
+    return cute.assume(stride, divby=VECTOR)
+
+
+class MmaParts:
+    """A tiled warp MMA (m16n8k16, fp32 accumulation, ``warps`` = (rows, columns) of warps) with its ldmatrix
+    copies: ``gemm`` runs acc += A·Bᵀ over K from two shared tiles."""
+
+    def __init__(self, io_type, warps, tid):
+        wm, wn = warps
+        tiled_mma = cute.make_tiled_mma(warp.MmaF16BF16Op(io_type, Float32, (16, 8, 16)), cute.make_layout((wm, wn, 1)),
+                                        permutation_mnk=(wm * 16, wn * 16, 16))
         self.tiled = tiled_mma
         self.thr = tiled_mma.get_slice(tid)
         self.tid = tid
