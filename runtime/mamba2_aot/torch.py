@@ -107,12 +107,9 @@ def _backward_ssd_fwd(ctx, dout, dfinal_states):
         dfinal_states = dfinal_states.float().contiguous()
     else:
         dfinal_states = None
-    if initial_state_indices is not None:
-        num_seqs = initial_state_indices.shape[0]
-    elif initial_states is not None:
-        num_seqs = initial_states.shape[0]
-    else:
-        num_seqs = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else x.shape[0]
+    # the per-sequence initial-state gradients (none without initial_states): one per index, else per state
+    source = initial_state_indices if initial_state_indices is not None else initial_states
+    num_seqs = source.shape[0] if source is not None else 0
     dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial = _ssd_bwd(
         dout, dfinal_states, x, dt, A, B, C, D, z, dt_bias, initial_states, initial_state_indices, seq_idx, cu_seqlens,
         dt_softplus, dt_min, dt_max, num_seqs)
