@@ -28,7 +28,7 @@ from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, strides
 from kernel_src.families import expect_constants
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, async_tile_copy, block_cumsum,
                                   count_changes, load_state, load_tile, mask_bit, previous_change, smem_layout,
-                                  store_state, transposed, vec, view)
+                                  source_tokens, store_state, transposed, vec, view)
 from kernel_src.ssm_math import delta_from_dt, silu
 
 P_TILE = 64
@@ -106,15 +106,8 @@ class SsdBackwardStates:
         dstates = view(a.dstates, (a.batch, a.nblocks, H, P, N), a.stride_dstates_batch, a.stride_dstates_block,
                        a.stride_dstates_head, N, 1)
 
-        row = source
-        start = Int32(0)
-        end = L
+        row, start, end = source_tokens(a, source, L)
         seq = source
-        if a.has_cu_seqlens != 0:
-            cu = view(a.cu_seqlens, (a.num_seqs + 1,), a.stride_cu_seqlens_seq)
-            row = Int32(0)
-            start = cute.math.min(cute.math.max(cu[source], Int32(0)), L)
-            end = cute.math.min(cute.math.max(cu[source + 1], start), L)
         if a.has_seq_idx != 0:
             seq = count_changes(seq_idx, row, start, end, lane)  # the row's last sequence
 

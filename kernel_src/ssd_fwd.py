@@ -37,8 +37,8 @@ from cutlass import Float32, Int32
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
 from kernel_src.families import expect_constants
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, async_tile_copy, block_cumsum, load_tile,
-                                  mask_bit, mn_view, next_change, scale_row, smem_layout, store_pairs, store_state,
-                                  transposed, vec, view)
+                                  mask_bit, mn_view, next_change, scale_row, smem_layout, source_tokens, store_pairs,
+                                  store_state, transposed, vec, view)
 from kernel_src.ssm_math import delta_from_dt, silu_approx
 
 P_TILE = 64      # head-dim rows per CTA
@@ -143,15 +143,8 @@ class SsdForward:
         )
 
         # This CTA's tokens: [start, end) of one row, and the number of its first sequence.
-        row = source
-        start = Int32(0)
-        end = L
+        row, start, end = source_tokens(a, source, L)
         seq = source
-        if a.has_cu_seqlens != 0:
-            cu = view(a.cu_seqlens, (a.num_seqs + 1,), a.stride_cu_seqlens_seq)
-            row = Int32(0)
-            start = cute.math.min(cute.math.max(cu[source], Int32(0)), L)
-            end = cute.math.min(cute.math.max(cu[source + 1], start), L)
         if a.has_seq_idx != 0:
             seq = Int32(0)  # sequences of a seq_idx row are numbered from 0 (the runtime allows states only at B == 1)
 

@@ -251,6 +251,22 @@ def hold_over_zero_runs(c0: Float32, c1: Float32, nonzero0, nonzero1, lane: Int3
 
 
 @cute.jit
+def source_tokens(a, source, L):
+    """The tokens of a CTA's sequence source (its grid z): (row, start, end), row ``source`` whole, or with
+    ``cu_seqlens`` its sequence ``source`` in row 0 (entries clamped to [0, L], so a bad one reads nothing out of
+    bounds). ``a`` holds the kernel's cu_seqlens, has_cu_seqlens, num_seqs and stride_cu_seqlens_seq."""
+    row = source
+    start = Int32(0)
+    end = L
+    if a.has_cu_seqlens != 0:
+        cu = view(a.cu_seqlens, (a.num_seqs + 1,), a.stride_cu_seqlens_seq)
+        row = Int32(0)
+        start = cute.math.min(cute.math.max(cu[source], Int32(0)), L)
+        end = cute.math.min(cute.math.max(cu[source + 1], start), L)
+    return row, start, end
+
+
+@cute.jit
 def count_changes(seq_idx, row, start, end, lane) -> Int32:
     """Every lane of a warp: the number of tokens t in (start, end) of a (batch, L) seq_idx row where the value
     differs from token t - 1 (the sequence starts a packed row holds after its first)."""
