@@ -38,14 +38,15 @@ from kernel_src.families import expect_constants
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, async_tile_copy, block_cumsum,
                                   count_changes, first_set_bit, load_tile, mn_view, next_change, scale_row,
                                   smem_layout, transposed, vec, view)
-from kernel_src.ssm_math import SOFTPLUS_IDENTITY_ABOVE, delta_from_dt, warp_inclusive_scan
+from kernel_src.ssm_math import SOFTPLUS_IDENTITY_ABOVE, delta_from_dt, sigmoid, warp_inclusive_scan
 
 LOG2_E = math.log2(math.e)
 WARPS = 8
 THREADS = WARPS * 32
 PARTIAL_EXTRA = 2   # partials[..., P] = dA, partials[..., P + 1] = ddt_bias
-STATE_BATCH = 8     # state values a thread loads at once
+STATE_BATCH = 32    # state values a thread loads at once (at most)
 PARTS = 3           # per-warp row / column sums: of Q ⊙ M over i, of G ⊙ y0 over P, of x ⊙ U over P
+QUARTERS = THREADS // TILE  # the straddling sums' column pass: each thread sums one quarter of a column's rows
 
 
 class SsdBackwardChunk:
@@ -199,7 +200,8 @@ class SsdBackwardChunk:
             V: cute.struct.Align[cute.struct.MemRange[io_type, TILE * TILE], SMEM_ALIGN]
             # h₀ and dh_end of a run, then (fp32) W for the straddling sums
             states: cute.struct.Align[cute.struct.MemRange[io_type, 2 * P * N], SMEM_ALIGN]
-            straddle: cute.struct.Align[cute.struct.MemRange[Float32, TILE], SMEM_ALIGN]
+            straddle: cute.struct.Align[cute.struct.MemRange[Float32, QUARTERS * TILE], SMEM_ALIGN]
+            dD_slices: cute.struct.Align[cute.struct.MemRange[Float32, THREADS], SMEM_ALIGN]
             D: cute.struct.Align[cute.struct.MemRange[Float32, P], SMEM_ALIGN]
             delta: cute.struct.Align[cute.struct.MemRange[Float32, TILE], SMEM_ALIGN]
             cs: cute.struct.Align[cute.struct.MemRange[Float32, TILE], SMEM_ALIGN]
@@ -344,6 +346,16 @@ class SsdBackwardChunk:
         A = view(a.A, (a.nheads,), a.stride_A_head)[h]
         if warp_id == 0:
             self._scan_head(a, t, sm, row, h, block_start, A, lane)
+        # the first run's states are loaded while the tiles are in flight (later runs load theirs in turn)
+        starts_lo = sm.masks[0]
+        starts_hi = sm.masks[1]
+        outside_lo = ~sm.masks[2]
+        outside_hi = ~sm.masks[3]
+        first = first_set_bit(starts_lo, starts_hi)
+        s0 = first
+        s1 = cute.math.min(next_change(starts_lo, starts_hi, s0), next_change(outside_lo, outside_hi, s0))
+        if first < TILE:
+            self._load_states(a, t, sm, row, h, blk, s0, s1, rows, tid, io_type)
         sD, s_last, s_parts = sm.D, sm.last, sm.parts
         if tid < P:
             d_value = Float32(0.0)
@@ -366,16 +378,15 @@ class SsdBackwardChunk:
             cute.arch.sync_threads()
 
         _accumulate(mma, sm.fragments[1, tid, None], sm.G, sm.x, P // 16, fresh=True)   # Q = G·xᵀ
+        self._dD_slices(sm, tid)
         acc_dx = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P)), Float32)
         acc_dx.fill(0.0)
 
-        starts_lo = sm.masks[0]
-        starts_hi = sm.masks[1]
-        outside_lo = ~sm.masks[2]
-        outside_hi = ~sm.masks[3]
-        s0 = first_set_bit(starts_lo, starts_hi)
         while s0 < TILE:
             s1 = cute.math.min(next_change(starts_lo, starts_hi, s0), next_change(outside_lo, outside_hi, s0))
+            if s0 != first:
+                cute.arch.sync_threads()  # every warp done with the last run's states and scaled rows
+                self._load_states(a, t, sm, row, h, blk, s0, s1, rows, tid, io_type)
             self._run(a, t, sm, mma, acc_dx, row, h, blk, s0, s1, rows, tid, io_type)
             s0 = next_change(starts_lo, starts_hi, s1 - 1)
 
@@ -423,7 +434,7 @@ class SsdBackwardChunk:
             gated = cute.make_rmem_tensor((CHUNK,), Float32)
             dz = cute.make_rmem_tensor((CHUNK,), Float32)
             for e in cutlass.range_constexpr(CHUNK):
-                sig = Float32(1.0) / (Float32(1.0) + cute.math.exp(-zs[e]))
+                sig = sigmoid(zs[e])
                 gated[e] = ds[e] * zs[e] * sig
                 dz[e] = Float32(cutlass.select_(inside, ds[e] * ys[e] * sig * (Float32(1.0) + zs[e] * (Float32(1.0) - sig)),
                                                 Float32(0.0)))
@@ -432,19 +443,11 @@ class SsdBackwardChunk:
                 cute.zipped_divide(t.dz[row, block_start + s, h, None], (CHUNK,))[None, chunk].store(dz.load().to(io_type))
 
     @cute.jit
-    def _run(self, a, t, sm, mma, acc_dx, row, h, blk, s0, s1, rows, tid,
-             io_type: cutlass.Constexpr):
-        """One sequence run [s0, s1) of the block: its entries of S and W (into shared memory) with their row and
-        column sums, and the products with the states entering (h₀) and leaving (dh_end) it."""
+    def _load_states(self, a, t, sm, row, h, blk, s0, s1, rows, tid, io_type: cutlass.Constexpr):
+        """The states entering (h₀) and leaving (dh_end) the run [s0, s1) into shared memory in the I/O dtype, and
+        each warp's share of their fp32 dot product ⟨dh_end, h₀⟩."""
         P, N = self.headdim, self.d_state
-        zero = Float32(0.0)
-        base = zero
-        if s0 > 0:
-            base = sm.cs[s0 - 1]
-        cs_end = sm.cs[s1 - 1]
         seq = sm.seq[s0]
-
-        cute.arch.sync_threads()  # every warp done with the last run's states and scaled rows
         # h₀: the forward's state after the previous block when the run continues a sequence, else the initial one
         h0_valid = Int32(0)
         h0_from_states = Int32(0)
@@ -468,7 +471,7 @@ class SsdBackwardChunk:
         else:
             if (a.has_dfinal_states == 0) | (seq >= a.num_seqs):
                 dh_valid = Int32(0)
-        sH0, sDh, s_dot, s_run_start, s_run_end, s_last = sm.h0, sm.dh, sm.dot, sm.run_start, sm.run_end, sm.last
+        sH0, sDh, s_dot = sm.h0, sm.dh, sm.dot
         # the two states: this thread's values (column tid % N of rows tid // N + k·THREADS / N of each contiguous
         # P × N block) in unrolled batches, so that a batch's loads are in flight together; their fp32 dot product,
         # and their I/O-dtype copies for the products
@@ -483,34 +486,49 @@ class SsdBackwardChunk:
         rows_per_pass = THREADS // N
         p_first = tid // N
         n = tid % N
+        batch = min(STATE_BATCH, P * N // THREADS)
         dot = Float32(0.0)
-        for part in cutlass.range_constexpr(P * N // THREADS // STATE_BATCH):
-            h0v = cute.make_rmem_tensor((STATE_BATCH,), Float32)
-            dhv = cute.make_rmem_tensor((STATE_BATCH,), Float32)
+        for part in cutlass.range_constexpr(P * N // THREADS // batch):
+            h0v = cute.make_rmem_tensor((batch,), Float32)
+            dhv = cute.make_rmem_tensor((batch,), Float32)
             h0v.fill(0.0)
             dhv.fill(0.0)
             if h0_valid != 0:
                 if h0_from_states != 0:
-                    for k in cutlass.range_constexpr(STATE_BATCH):
-                        h0v[k] = h0_src[(part * STATE_BATCH + k) * THREADS + tid]
+                    for k in cutlass.range_constexpr(batch):
+                        h0v[k] = h0_src[(part * batch + k) * THREADS + tid]
                 else:
-                    for k in cutlass.range_constexpr(STATE_BATCH):
-                        h0v[k] = initial_src[(part * STATE_BATCH + k) * THREADS + tid].to(Float32)
+                    for k in cutlass.range_constexpr(batch):
+                        h0v[k] = initial_src[(part * batch + k) * THREADS + tid].to(Float32)
             if dh_valid != 0:
                 if dh_from_dstates != 0:
-                    for k in cutlass.range_constexpr(STATE_BATCH):
-                        dhv[k] = dh_src[(part * STATE_BATCH + k) * THREADS + tid]
+                    for k in cutlass.range_constexpr(batch):
+                        dhv[k] = dh_src[(part * batch + k) * THREADS + tid]
                 else:
-                    for k in cutlass.range_constexpr(STATE_BATCH):
-                        dhv[k] = dfinal_src[(part * STATE_BATCH + k) * THREADS + tid]
-            for k in cutlass.range_constexpr(STATE_BATCH):
-                p = (part * STATE_BATCH + k) * rows_per_pass + p_first
+                    for k in cutlass.range_constexpr(batch):
+                        dhv[k] = dfinal_src[(part * batch + k) * THREADS + tid]
+            for k in cutlass.range_constexpr(batch):
+                p = (part * batch + k) * rows_per_pass + p_first
                 dot = dot + h0v[k] * dhv[k]
                 sH0[p, n] = h0v[k].to(io_type)
                 sDh[p, n] = dhv[k].to(io_type)
         dot = _warp_sum(dot)
         if cute.arch.lane_idx() == 0:
             s_dot[cute.arch.warp_idx()] = dot
+
+    @cute.jit
+    def _run(self, a, t, sm, mma, acc_dx, row, h, blk, s0, s1, rows, tid,
+             io_type: cutlass.Constexpr):
+        """One sequence run [s0, s1) of the block, its states in shared memory: its entries of S and W (into shared
+        memory) with their row and column sums, and the products with the states entering (h₀) and leaving
+        (dh_end) it."""
+        P, N = self.headdim, self.d_state
+        zero = Float32(0.0)
+        base = zero
+        if s0 > 0:
+            base = sm.cs[s0 - 1]
+        cs_end = sm.cs[s1 - 1]
+        s_run_start, s_run_end, s_last = sm.run_start, sm.run_end, sm.last
 
         per_row = THREADS // TILE
         s = tid // per_row
@@ -636,17 +654,32 @@ class SsdBackwardChunk:
 
         if warp_id == 0:
             self._rows(a, t, sm, parts, row, h, blk, block_start, rows, A, lane, io_type)
-        if (tid >= 64) & (tid < 64 + P):
-            p = tid - 64
+        if tid >= THREADS - P:  # dD's column sums: the slices in order
+            p = tid - (THREADS - P)
             total = Float32(0.0)
-            for i in range(TILE):
-                if sm.seq[i] >= 0:
-                    total = total + sm.G[i, p].to(Float32) * sm.x[i, p].to(Float32)
+            for k in cutlass.range_constexpr(THREADS // P):
+                total = total + sm.dD_slices[k * P + p]
             partials[row, blk, h, p] = total
 
     @cute.jit
+    def _dD_slices(self, sm, tid):
+        """dD_slices[k·P + p] = Σ G_ip x_ip over the k-th slice of the block's rows inside a sequence (a thread per
+        column and slice; summed in a fixed order in _finish)."""
+        P = self.headdim
+        per_slice = TILE // (THREADS // P)
+        p = tid % P
+        first = (tid // P) * per_slice
+        total = Float32(0.0)
+        for k in cutlass.range_constexpr(per_slice):
+            i = first + k
+            term = sm.G[i, p].to(Float32) * sm.x[i, p].to(Float32)
+            total = total + Float32(cutlass.select_(sm.seq[i] >= 0, term, Float32(0.0)))
+        sm.dD_slices[tid] = total
+
+    @cute.jit
     def _straddling_sums(self, sm, mma, tid):
-        """straddle[k] = Σ_{i >= k > j} W_ij over the pairs of one run: the intra-block share of da_k (d loss / d a_k).
+        """Σ over straddle[k, ·] = Σ_{i >= k > j} W_ij over the pairs of one run: the intra-block share of da_k (d loss /
+        d a_k), in quarters of the rows i.
         Summed pair by pair: the row and column sums of W are large and cancel here (the diagonal, and pairs joined
         by runs of Δ = 0, have decay 1), so their difference would lose everything when |Δ·A| is large."""
         # W (fp32) over the run's states tile, rotated by row so that both passes below are free of bank conflicts
@@ -664,21 +697,30 @@ class SsdBackwardChunk:
                 claimed = inside & (j >= first) & (j < i)
                 w_tile[i * TILE + ((i + j) % TILE)] = Float32(cutlass.select_(claimed, St[r, c], Float32(0.0)))
         cute.arch.sync_threads()
-        if tid < TILE:  # row i: exclusive prefix sums along j
-            running = Float32(0.0)
-            for j in range(TILE):
-                at = tid * TILE + ((tid + j) % TILE)
-                value = w_tile[at]
-                w_tile[at] = running
-                running = running + value
+        # row i: exclusive prefix sums along j, a warp per row at a time (a lane holds columns 2·lane, 2·lane + 1)
+        warp_id = cute.arch.warp_idx()
+        lane = cute.arch.lane_idx()
+        for k in cutlass.range_constexpr(TILE // WARPS):
+            i = warp_id * (TILE // WARPS) + k
+            at_even = i * TILE + ((i + 2 * lane) % TILE)
+            at_odd = i * TILE + ((i + 2 * lane + 1) % TILE)
+            even = w_tile[at_even]
+            inclusive = warp_inclusive_scan(even + w_tile[at_odd], lane)
+            before = cute.arch.shuffle_sync_up(inclusive, 1)
+            if lane == 0:
+                before = Float32(0.0)
+            w_tile[at_even] = before
+            w_tile[at_odd] = before + even
         cute.arch.sync_threads()
-        straddle = sm.straddle
-        if tid < TILE:  # column k: the prefixes of rows i >= k
-            total = Float32(0.0)
-            for i in range(tid, TILE):
-                total = total + w_tile[i * TILE + ((i + tid) % TILE)]
-            straddle[tid] = total
-        cute.arch.sync_threads()  # straddle (two warps) is read by warp 0
+        # column k: the prefixes of rows i >= k, a quarter of the rows per thread (warp 0 adds the quarters)
+        k = tid % TILE
+        quarter = tid // TILE
+        total = Float32(0.0)
+        for m in cutlass.range_constexpr(TILE // QUARTERS):
+            i = quarter * (TILE // QUARTERS) + m
+            total = total + Float32(cutlass.select_(i >= k, w_tile[i * TILE + ((i + k) % TILE)], Float32(0.0)))
+        sm.straddle[k, quarter] = total
+        cute.arch.sync_threads()  # the quarters are read by warp 0
 
     @cute.jit
     def _rows(self, a, t, sm, parts, row, h, blk, block_start, rows, A, lane, io_type: cutlass.Constexpr):
@@ -712,7 +754,10 @@ class SsdBackwardChunk:
             i = lane + 32 * half
             ddt = zero
             if sm.seq[i] >= 0:
-                da = (sm.straddle[i] + (sm.suffix[i] - sm.suffix[sm.run_end[i]])
+                straddle = Float32(0.0)
+                for quarter in cutlass.range_constexpr(QUARTERS):
+                    straddle = straddle + sm.straddle[i, quarter]
+                da = (straddle + (sm.suffix[i] - sm.suffix[sm.run_end[i]])
                       + (sm.suffix_q[sm.run_start[i]] - sm.suffix_q[i]))
                 d_delta = direct[half] + A * da
                 dA_part = dA_part + sm.delta[i] * da
@@ -722,7 +767,7 @@ class SsdBackwardChunk:
                 if a.dt_softplus != 0:
                     if v <= Float32(SOFTPLUS_IDENTITY_ABOVE):
                         value = cute.math.log1p(cute.math.exp(v))
-                        slope = Float32(1.0) / (Float32(1.0) + cute.math.exp(-v))
+                        slope = sigmoid(v)
                 if (value >= a.dt_min) & (value <= a.dt_max):
                     ddt = d_delta * slope
                 bias_part = bias_part + ddt
@@ -756,7 +801,8 @@ class Shared:
         self.states = storage.states.get_tensor(cute.make_layout((2 * P * N,)))
         self.h0 = cute.make_tensor(self.states.iterator, smem_layout((P, N)))
         self.dh = cute.make_tensor(self.states.iterator + P * N, smem_layout((P, N)))
-        self.straddle = storage.straddle.get_tensor(cute.make_layout((TILE,)))
+        self.straddle = storage.straddle.get_tensor(cute.make_layout((TILE, QUARTERS), stride=(1, TILE)))
+        self.dD_slices = storage.dD_slices.get_tensor(cute.make_layout((THREADS,)))
         self.D = storage.D.get_tensor(cute.make_layout((P,)))
         self.delta = storage.delta.get_tensor(cute.make_layout((TILE,)))
         self.cs = storage.cs.get_tensor(cute.make_layout((TILE,)))

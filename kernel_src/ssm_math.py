@@ -37,9 +37,16 @@ def warp_inclusive_scan(value: Float32, lane: Int32) -> Float32:
 
 
 @cute.jit
+def sigmoid(v: Float32) -> Float32:
+    """1 / (1 + e^-v) with the approximate reciprocal (no IEEE division and its slow path); 0 for v below ~-88,
+    where e^-v overflows."""
+    return cute.arch.rcp_approx(Float32(1.0) + cute.math.exp(-v))
+
+
+@cute.jit
 def silu(v: Float32) -> Float32:
-    """v · sigmoid(v), with the approximate reciprocal (no IEEE division slow path in the token loop)."""
-    return v * cute.arch.rcp_approx(Float32(1.0) + cute.math.exp(-v))
+    """v · sigmoid(v)."""
+    return v * sigmoid(v)
 
 
 @cute.jit
