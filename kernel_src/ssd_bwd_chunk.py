@@ -20,10 +20,12 @@ with y0_i = e_i · h₀·C_i (the entering state's share of y). ddt goes through
 clamped, as torch.clamp) and softplus (sigmoid; the identity above 20). dD and ddt_bias are sums over tokens.
 
 One CTA owns one (64-token block, group, row) and walks the heads of its group, adding each head's dB and dC to
-fp32 accumulators in registers: every gradient is written by exactly one CTA, in a fixed order, so the result
-is bitwise reproducible. Per-(block, head) partial sums of dD (per P column), dA and ddt_bias go to
-``partials`` and are summed in a fixed order by ``ssd_bwd_reduce``. The products are bf16 / fp16 warp MMAs with
-fp32 accumulation (operands rounded as the forward rounds them); everything per row and the sums are fp32.
+fp32 accumulators parked in shared memory: every gradient is written by exactly one CTA, in a fixed order, so the
+result is bitwise reproducible. When that gives too few CTAs to fill the GPU, the group's heads are split over
+``head_splits`` CTAs, each writing its share of dB and dC in fp32 to ``group_grads`` for ``ssd_bwd_reduce`` to
+add in split order. Per-(block, head) partial sums of dD (per P column), dA and ddt_bias go to ``partials`` and
+are summed in a fixed order by ``ssd_bwd_reduce``. The products are bf16 / fp16 warp MMAs with fp32
+accumulation (operands rounded as the forward rounds them); everything per row and the sums are fp32.
 """
 
 # (no "from __future__ import annotations": cute.struct reads its field annotations as live objects)
@@ -51,7 +53,7 @@ QUARTERS = THREADS // TILE  # the straddling sums' column pass: each thread sums
 
 class SsdBackwardChunk:
     family = "ssd_bwd_chunk"
-    grid_rule = "seqlen/64,groups,batch"
+    grid_rule = "seqlen/64,groups*head_splits,batch"
     headdims = (64, 128)
     d_states = (64, 128)
     io_dtypes = ("bf16", "fp16")
@@ -75,9 +77,9 @@ class SsdBackwardChunk:
             ptr("out", io, align=rows),
             ptr("dout", io, align=rows), ptr("dx", io), ptr("ddt", io), ptr("dB", io), ptr("dC", io), ptr("dz", io),
             ptr("initial_states", st), ptr("initial_state_indices", "int32"), ptr("states", "fp32"),
-            ptr("dfinal_states", "fp32"), ptr("dstates", "fp32"), ptr("partials", "fp32"),
+            ptr("dfinal_states", "fp32"), ptr("dstates", "fp32"), ptr("partials", "fp32"), ptr("group_grads", "fp32"),
             ptr("seq_idx", "int32"), ptr("cu_seqlens", "int32"),
-            i32("batch"), i32("seqlen"), i32("nheads"), i32("heads_per_group"), i32("num_seqs"),
+            i32("batch"), i32("seqlen"), i32("nheads"), i32("heads_per_group"), i32("head_splits"), i32("num_seqs"),
             i32("num_initial_slots"), i32("nblocks"),
             *ssm_strides(),
             *strides("dout", "batch", "seqlen", "head"), *strides("dx", "batch", "seqlen", "head"),
@@ -86,6 +88,7 @@ class SsdBackwardChunk:
             *strides("initial_states", "slot", "head"), *strides("initial_state_indices", "seq"),
             *strides("states", "batch", "block", "head"), *strides("dfinal_states", "seq", "head"),
             *strides("dstates", "batch", "block", "head"), *strides("partials", "batch", "block", "head"),
+            *strides("group_grads", "grad", "split", "batch", "seqlen", "group"),
             *strides("seq_idx", "batch", "seqlen"), *strides("cu_seqlens", "seq"),
             i32("has_D"), i32("has_z"), i32("has_dt_bias"), i32("dt_softplus"),
             i32("has_initial_states"), i32("has_initial_state_indices"), i32("has_dfinal_states"),
@@ -96,7 +99,8 @@ class SsdBackwardChunk:
     @cute.jit
     def __call__(self, args: tuple, stream):
         a = bind(self.params(), args)
-        self.kernel(args).launch(grid=[a.nblocks, a.nheads // a.heads_per_group, a.batch], block=list(self.block),
+        self.kernel(args).launch(grid=[a.nblocks, a.nheads // a.heads_per_group * a.head_splits, a.batch],
+                                 block=list(self.block),
                                  smem=self.dynamic_smem, stream=stream)
 
     @cute.kernel
@@ -104,7 +108,10 @@ class SsdBackwardChunk:
         a = bind(self.params(), args)
         P, N = self.headdim, self.d_state
         io_type = cutlass_dtype(self.io_dtype)
-        blk, g, row = cute.arch.block_idx()
+        blk, group_split, row = cute.arch.block_idx()
+        g = group_split // a.head_splits
+        split = group_split % a.head_splits
+        heads_per_split = a.heads_per_group // a.head_splits
         tid, _, _ = cute.arch.thread_idx()
         L, H = a.seqlen, a.nheads
         G = H // a.heads_per_group
@@ -150,6 +157,9 @@ class SsdBackwardChunk:
                          a.stride_dstates_head, N, 1),
             partials=view(a.partials, (a.batch, a.nblocks, H, P + PARTIAL_EXTRA), a.stride_partials_batch,
                           a.stride_partials_block, a.stride_partials_head, 1),
+            group_grads=view(a.group_grads, (2, a.head_splits, a.batch, L, G, N), a.stride_group_grads_grad,
+                             a.stride_group_grads_split, a.stride_group_grads_batch, a.stride_group_grads_seqlen,
+                             a.stride_group_grads_group, 1),
         )
 
         storage = cutlass.utils.SmemAllocator().allocate(self._shared_storage(io_type))
@@ -174,16 +184,25 @@ class SsdBackwardChunk:
         acc.fill(0.0)
         _park(acc, sm.dB[tid, None])
         _park(acc, sm.dC[tid, None])
-        for k in range(a.heads_per_group):
-            self._head(a, t, sm, mma, g2s, row, g * a.heads_per_group + k, blk, block_start, rows, tid, io_type)
+        first_head = g * a.heads_per_group + split * heads_per_split
+        for k in range(heads_per_split):
+            self._head(a, t, sm, mma, g2s, row, first_head + k, blk, block_start, rows, tid, io_type)
 
+        # dB and dC, or with the group's heads split over CTAs this split's fp32 share (ssd_bwd_reduce adds them)
         coords = mma.thr.partition_C(cute.make_identity_tensor((TILE, N)))
-        for grad, parked in ((t.dB, sm.dB), (t.dC, sm.dC)):
+        shares = t.group_grads
+        for which, grad, parked in ((0, t.dB, sm.dB), (1, t.dC, sm.dC)):
             _unpark(acc, parked[tid, None])
-            for e in cutlass.range_constexpr(cute.size(acc)):
-                i = coords[e][0]
-                if i < rows:
-                    grad[row, block_start + i, g, coords[e][1]] = acc[e].to(io_type)
+            if a.head_splits == 1:
+                for e in cutlass.range_constexpr(cute.size(acc)):
+                    i = coords[e][0]
+                    if i < rows:
+                        grad[row, block_start + i, g, coords[e][1]] = acc[e].to(io_type)
+            else:
+                for e in cutlass.range_constexpr(cute.size(acc)):
+                    i = coords[e][0]
+                    if i < rows:
+                        shares[which, split, row, block_start + i, g, coords[e][1]] = acc[e]
 
     def _shared_storage(self, io_type):
         P, N = self.headdim, self.d_state

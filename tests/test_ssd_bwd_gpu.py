@@ -199,6 +199,22 @@ def test_real_model_head_layout():
     assert size > 0
 
 
+@pytest.mark.parametrize("target_ctas", [1, None], ids=["group-in-one-cta", "heads-split"])
+def test_group_gradients_with_and_without_head_splits(target_ctas, monkeypatch):
+    """dB and dC summed over a group's heads in one CTA, or in shares (the heads split over CTAs) that ssd_bwd_reduce
+    adds: both against the oracle."""
+    from mamba2_aot.plans import ssd_bwd
+    _require(64, 128)
+    if target_ctas is not None:
+        monkeypatch.setattr(ssd_bwd, "TARGET_CTAS", target_ctas)
+    assert ssd_bwd.head_splits(1, 4, 2, 6) == (1 if target_ctas else 6)  # 4 blocks x 2 groups, 6 heads per group
+    inputs = generators.standard_inputs(1, 200, 12, 64, 128, 2, torch.bfloat16, seed=21, D="H", z=True,
+                                        initial_states=True)
+    dout, dfinal = _dout(inputs, 21), _dfinal(inputs, 21)
+    got, _ = _backward(inputs, dout, dfinal)
+    _check(got, _oracle(inputs, dout, dfinal))
+
+
 def _built_backward_variants():
     try:
         return sorted({tuple(sorted(v["constants"].items())) for v in _runtime().list_variants("ssd_bwd_chunk")})

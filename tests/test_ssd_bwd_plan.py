@@ -47,7 +47,12 @@ def test_valid_call_binds_four_launches():
     forward, states, chunk, reduce = (call for _, call in bound)
     assert forward.params["chunk_size"] == 64 and forward.params["has_chunk_states"] == 1
     assert forward.params["has_z"] == 0  # the recomputed y is taken before the gate
-    assert states.grid == (1, H, BATCH) and chunk.grid == (NBLOCKS, G, BATCH) and reduce.grid == (H, 1, 1)
+    # 20 (block, group, row) CTAs: each group's 4 heads split over 4 CTAs, and the reduce adds their dB / dC shares
+    splits = H // G
+    group_sum_ctas = -(-BATCH * L * G * N // 1024)
+    assert chunk.params["head_splits"] == reduce.params["head_splits"] == splits
+    assert states.grid == (1, H, BATCH) and chunk.grid == (NBLOCKS, G * splits, BATCH)
+    assert reduce.grid == (H + group_sum_ctas, 1, 1) and reduce.params["group_sum_ctas"] == group_sum_ctas
     assert chunk.constants == {"headdim": P, "d_state": N, "io_dtype": "fp16", "state_dtype": "fp32"}
     assert chunk.params["has_z"] == 1 and chunk.params["has_dfinal_states"] == 1
     assert reduce.params["dD_per_head"] == 0 and reduce.params["has_ddt_bias"] == 1
@@ -55,12 +60,40 @@ def test_valid_call_binds_four_launches():
     ws = bwd_args()["workspace"]
     lo, hi = 0x1_0000_0000, 0x1_0000_0000 + workspace_elements() * 4
     regions = {"out": forward.params["out"], "states": chunk.params["states"], "dstates": chunk.params["dstates"],
-               "partials": chunk.params["partials"]}
+               "partials": chunk.params["partials"], "group_grads": chunk.params["group_grads"]}
+    assert reduce.params["group_grads"] == regions["group_grads"]
+    assert chunk.params["stride_group_grads_split"] == BATCH * L * G * N
     assert forward.params["chunk_states"] == regions["states"] and states.params["dstates"] == regions["dstates"]
     assert reduce.params["partials"] == regions["partials"]
     starts = sorted(regions.values())
-    assert all(lo <= s < hi and s % 256 == 0 for s in starts) and len(set(starts)) == 4
+    assert all(lo <= s < hi and s % 256 == 0 for s in starts) and len(set(starts)) == 5
+    assert regions["group_grads"] + 2 * splits * BATCH * L * G * N * 4 <= hi
     assert ws is not None
+
+
+def test_head_splits_only_when_too_few_ctas():
+    from mamba2_aot.plans.ssd_bwd import TARGET_CTAS, head_splits
+    assert head_splits(8, 64, 1, 80) == 1                      # Mamba-2 2.7B, 4096 tokens: 512 CTAs already
+    assert head_splits(2, 32, 1, 64) == 2                      # 64 CTAs: two halves of the 64 heads
+    assert head_splits(1, 1, 1, 6) == 6                        # never more than the heads
+    assert head_splits(1, 10, 1, 15) == 15                     # the smallest divisor reaching the target: 15
+    assert head_splits(1, 30, 1, 15) == 5 and 30 * 5 >= TARGET_CTAS
+
+
+def test_group_sum_size_matches_the_kernel():
+    from kernel_src.families import kernel_class
+    from mamba2_aot.plans.ssd_bwd import GROUP_SUM_ELEMENTS
+    assert kernel_class("ssd_bwd_reduce").group_sum_elements == GROUP_SUM_ELEMENTS
+
+
+def test_no_head_splits_no_group_grads():
+    big = 64  # 64 rows x 5 blocks x 2 groups: 640 CTAs
+    x = fake_array(0x1000, (big, L, H, P), "fp16")
+    B = fake_array(0x1000, (big, L, G, N), "fp16")
+    size = PLANS["ssd_bwd"].workspace_size(x=x, B=B)
+    from mamba2_aot.plans.ssd_bwd import Workspace
+    ws = Workspace(big, L, H, P, G, N, "fp16")
+    assert ws.head_splits == 1 and "group_grads" not in ws.offsets and size == ws.size
 
 
 def test_per_head_D_and_no_optional_gradients():

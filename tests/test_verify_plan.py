@@ -115,7 +115,7 @@ def test_plans_name_the_kernels_parameters_in_order():
                "conv1d_fwd": kernel_class("conv1d_fwd")("bf16", "fp32"),
                "ssd_bwd_dstates": kernel_class("ssd_bwd_dstates")(64, 128, "bf16"),
                "ssd_bwd_chunk": kernel_class("ssd_bwd_chunk")(64, 128, "bf16", "fp32"),
-               "ssd_bwd_reduce": kernel_class("ssd_bwd_reduce")(64)}
+               "ssd_bwd_reduce": kernel_class("ssd_bwd_reduce")(64, "bf16")}
     composites = {family for family, plan in PLANS.items() if isinstance(plan, CompositePlan)}
     assert composites == {"ssd_bwd"} and set(kernels) == set(PLANS) - composites
     for family, kernel in kernels.items():

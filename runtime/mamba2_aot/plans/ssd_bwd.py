@@ -40,13 +40,16 @@ Launches (one stream, in order; everything validated before the first):
    (``workspace.states``) and y before the z gate (``workspace.y``);
 2. ``ssd_bwd_dstates`` walks each sequence backwards: the state gradient after every block (``workspace.dstates``)
    and ``dinitial_states``;
-3. ``ssd_bwd_chunk``, one CTA per (64-token block, group, row): dx, ddt, dz, dB, dC and per-block partial sums
-   (``workspace.partials``);
-4. ``ssd_bwd_reduce``, one CTA per head: dA, dD, ddt_bias.
+3. ``ssd_bwd_chunk``, one CTA per (64-token block, group, row, head split): dx, ddt, dz, dB, dC and per-block
+   partial sums (``workspace.partials``). A group's heads are split over several CTAs (``head_splits``, see
+   :func:`head_splits`) when (block, group, row) alone would leave most of the GPU idle; each split then writes its
+   share of dB and dC (``workspace.group_grads``) instead of dB and dC;
+4. ``ssd_bwd_reduce``, one CTA per head: dA, dD, ddt_bias; with head splits, more CTAs add the shares of dB and dC.
 
 Workspace (fp32 elements, 16-byte aligned; each region 256 bytes from the last): y (batch·L·H·P, io dtype), states and dstates
-(batch · ceil(L/64) · H · P · N each, fp32) and partials (batch · ceil(L/64) · H · (P + 2), fp32). Deterministic:
-no atomics, every sum in a fixed order, so repeated calls give bitwise-identical gradients.
+(batch · ceil(L/64) · H · P · N each, fp32), partials (batch · ceil(L/64) · H · (P + 2), fp32) and, with head splits,
+group_grads (2 · head_splits · batch · L · G · N, fp32). Deterministic: no atomics, every sum in a fixed order, so
+repeated calls give bitwise-identical gradients.
 """
 from __future__ import annotations
 
@@ -58,11 +61,25 @@ from ..validation import (BoundCall, check_call, expect_dtype, expect_given, exp
                           expect_complete, expect_state_blocks, null_absent, record_strides, stride_names)
 from .base import CompositePlan, LaunchPlan
 from .ssd_fwd import IO_DTYPES, SsdForwardPlan, expect_vector_operand
-from .ssm_inputs import SSM_STRIDES
+from .ssm_inputs import SSM_STRIDES, expect_groups
 
 BLOCK = 64         # tokens per block of the backward (and of the recomputed forward's states)
 ALIGN = 256        # bytes: alignment of each workspace region
 PARTIAL_EXTRA = 2  # partials[..., P] = dA, [..., P + 1] = ddt_bias
+# ssd_bwd_chunk CTAs to aim for: about one wave of one CTA per SM on an H100 / H200 (132 SMs); B200 has 148
+TARGET_CTAS = 128
+GROUP_SUM_ELEMENTS = 1024  # dB / dC elements per group-sum CTA of ssd_bwd_reduce (kernel_src/ssd_bwd_reduce.py)
+
+
+def head_splits(batch: int, nblocks: int, ngroups: int, heads_per_group: int) -> int:
+    """Over how many ssd_bwd_chunk CTAs each group's heads are split: the smallest divisor of heads_per_group that
+    gives TARGET_CTAS CTAs (all of them if none does). Each split costs 2 · batch · L · G · N fp32 of workspace
+    and their sum, so there is none when (block, group, row) CTAs alone reach the target."""
+    ctas = batch * nblocks * ngroups
+    for splits in range(1, heads_per_group + 1):
+        if heads_per_group % splits == 0 and ctas * splits >= TARGET_CTAS:
+            return splits
+    return heads_per_group
 
 
 class _StepPlan(LaunchPlan):
@@ -90,14 +107,18 @@ class SsdBackwardStatesPlan(_StepPlan):
     )
 
 
+GROUP_GRADS_DIMS = ("grad", "split", "batch", "seqlen", "group")
+GROUP_GRADS_STRIDES = stride_names("group_grads", *GROUP_GRADS_DIMS)
+
+
 class SsdBackwardChunkPlan(_StepPlan):
     family = "ssd_bwd_chunk"
-    grid_rule = "seqlen/64,groups,batch"
+    grid_rule = "seqlen/64,groups*head_splits,batch"
     param_names = (
         ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "out", "dout", "dx", "ddt", "dB", "dC", "dz",
-         "initial_states", "initial_state_indices", "states", "dfinal_states", "dstates", "partials",
+         "initial_states", "initial_state_indices", "states", "dfinal_states", "dstates", "partials", "group_grads",
          "seq_idx", "cu_seqlens",
-         "batch", "seqlen", "nheads", "heads_per_group", "num_seqs", "num_initial_slots", "nblocks")
+         "batch", "seqlen", "nheads", "heads_per_group", "head_splits", "num_seqs", "num_initial_slots", "nblocks")
         + SSM_STRIDES
         + stride_names("dout", "batch", "seqlen", "head") + stride_names("dx", "batch", "seqlen", "head")
         + stride_names("ddt", "batch", "seqlen", "head") + stride_names("dB", "batch", "seqlen", "group")
@@ -105,6 +126,7 @@ class SsdBackwardChunkPlan(_StepPlan):
         + stride_names("initial_states", "slot", "head") + stride_names("initial_state_indices", "seq")
         + stride_names("states", "batch", "block", "head") + stride_names("dfinal_states", "seq", "head")
         + stride_names("dstates", "batch", "block", "head") + stride_names("partials", "batch", "block", "head")
+        + GROUP_GRADS_STRIDES
         + stride_names("seq_idx", "batch", "seqlen") + stride_names("cu_seqlens", "seq")
         + ("has_D", "has_z", "has_dt_bias", "dt_softplus", "has_initial_states", "has_initial_state_indices",
            "has_dfinal_states", "has_seq_idx", "has_cu_seqlens", "dt_min", "dt_max")
@@ -113,11 +135,13 @@ class SsdBackwardChunkPlan(_StepPlan):
 
 class SsdBackwardReducePlan(_StepPlan):
     family = "ssd_bwd_reduce"
-    grid_rule = "heads"
+    grid_rule = "heads+group_sum_ctas"
     param_names = (
-        ("partials", "dD", "dA", "ddt_bias", "batch", "nblocks", "nheads")
+        ("partials", "dD", "dA", "ddt_bias", "group_grads", "dB", "dC", "batch", "seqlen", "nblocks", "nheads",
+         "ngroups", "d_state", "head_splits", "group_sum_ctas")
         + stride_names("partials", "batch", "block", "head") + stride_names("dD", "head", "dim")
-        + stride_names("dA", "head") + stride_names("ddt_bias", "head")
+        + stride_names("dA", "head") + stride_names("ddt_bias", "head") + GROUP_GRADS_STRIDES
+        + stride_names("dB", "batch", "seqlen", "group") + stride_names("dC", "batch", "seqlen", "group")
         + ("has_dD", "dD_per_head", "has_ddt_bias")
     )
 
@@ -125,12 +149,15 @@ class SsdBackwardReducePlan(_StepPlan):
 class Workspace:
     """The regions of the caller's fp32 workspace, as device arrays named for the kernel parameters they feed."""
 
-    def __init__(self, batch: int, seqlen: int, nheads: int, headdim: int, d_state: int, io: str):
+    def __init__(self, batch: int, seqlen: int, nheads: int, headdim: int, ngroups: int, d_state: int, io: str):
         nblocks = -(-seqlen // BLOCK)
+        self.head_splits = head_splits(batch, nblocks, ngroups, nheads // ngroups)
         state_shape = (batch, nblocks, nheads, headdim, d_state)
         self.layout = [("out", (batch, seqlen, nheads, headdim), io), ("states", state_shape, "fp32"),
                        ("dstates", state_shape, "fp32"), ("partials", (batch, nblocks, nheads, headdim + PARTIAL_EXTRA),
                                                           "fp32")]
+        if self.head_splits > 1:
+            self.layout.append(("group_grads", (2, self.head_splits, batch, seqlen, ngroups, d_state), "fp32"))
         self.offsets, offset = {}, 0
         for name, shape, dtype in self.layout:
             self.offsets[name] = offset
@@ -162,8 +189,8 @@ class SsdBackwardPlan(CompositePlan):
         expect_given(x=x, B=B)
         x, B = as_device_array(x, "x"), as_device_array(B, "B")
         expect_rank(x, 4, "(batch, seqlen, nheads, headdim)")
-        expect_rank(B, 4, "(batch, seqlen, ngroups, d_state)")
-        return Workspace(*x.shape, B.shape[3], x.dtype).size
+        expect_groups(B, x.shape[2])
+        return Workspace(*x.shape, *B.shape[2:], x.dtype).size
 
     def steps(self, *, x, dt, A, B, C, dout, dx, ddt, dA, dB, dC, workspace, D=None, z=None, dt_bias=None,
               dt_softplus=False, dt_limit=(0.0, math.inf), initial_states=None, initial_state_indices=None,
@@ -174,11 +201,11 @@ class SsdBackwardPlan(CompositePlan):
         expect_given(x=x, dt=dt, A=A, B=B, C=C, dout=dout, dx=dx, ddt=ddt, dA=dA, dB=dB, dC=dC, workspace=workspace)
         expect_dtype(x, IO_DTYPES)
         expect_rank(x, 4, "(batch, seqlen, nheads, headdim)")
-        expect_rank(B, 4, "(batch, seqlen, ngroups, d_state)")
         batch, seqlen, nheads, headdim = x.shape
+        ngroups = expect_groups(B, nheads)
         d_state = B.shape[3]
         io = x.dtype
-        ws = Workspace(batch, seqlen, nheads, headdim, d_state, io)
+        ws = Workspace(batch, seqlen, nheads, headdim, ngroups, d_state, io)
         expect_dtype(workspace, ("fp32",))
         expect_rank(workspace, 1, "(n,)")
         if workspace.shape[0] * 4 < ws.size or (workspace.shape[0] > 1 and workspace.strides[0] != 1):
@@ -267,10 +294,16 @@ class SsdBackwardPlan(CompositePlan):
                          + packing_arrays),
             outputs=tuple([dstates] + ([dinitial_states] if dinitial_states is not None else [])))
 
-        # 3. the per-block gradients
+        # 3. the per-block gradients (with head splits: dB and dC as each split's share in group_grads)
         states, partials, y = views["states"], views["partials"], views["out"]
+        group_grads = views.get("group_grads")
+        splits = {"head_splits": ws.head_splits}
+        if group_grads is not None:
+            splits["group_grads"] = group_grads.ptr
+            record_strides(splits, group_grads, GROUP_GRADS_DIMS)
+        null_absent(splits, SsdBackwardChunkPlan.param_names, ("group_grads",))
         cp = {name: fp[name] for name in SsdBackwardChunkPlan.param_names if name in fp and name != "out"}
-        cp.update(common, **packing, out=y.ptr, dout=dout.ptr, dx=dx.ptr, ddt=ddt.ptr, dB=dB.ptr, dC=dC.ptr,
+        cp.update(common, **packing, **splits, out=y.ptr, dout=dout.ptr, dx=dx.ptr, ddt=ddt.ptr, dB=dB.ptr, dC=dC.ptr,
                   states=states.ptr, dstates=dstates.ptr, partials=partials.ptr, z=0, has_z=int(z is not None),
                   dfinal_states=dfinal_states.ptr if dfinal_states is not None else 0,
                   has_dfinal_states=int(dfinal_states is not None))
@@ -290,18 +323,23 @@ class SsdBackwardPlan(CompositePlan):
         chunk_call = BoundCall(
             constants={"headdim": headdim, "d_state": d_state, "io_dtype": io,
                        "state_dtype": forward.constants["state_dtype"]},
-            grid=(nblocks, G, batch), params=cp,
+            grid=(nblocks, G * ws.head_splits, batch), params=cp,
             inputs=tuple(forward.inputs) + tuple(a for a in (z, y, dout, states, dstates, dfinal_states)
                                                  if a is not None),
-            outputs=tuple(a for a in (dx, ddt, dB, dC, dz, partials) if a is not None))
+            outputs=tuple(a for a in (dx, ddt, dB, dC, dz, partials, group_grads) if a is not None))
 
-        # 4. the sums over tokens
-        rp = {"partials": partials.ptr, "dA": dA.ptr, "batch": batch, "nblocks": nblocks, "nheads": nheads,
+        # 4. the sums over tokens, and over head splits
+        group_sum_ctas = -(-batch * seqlen * G * d_state // GROUP_SUM_ELEMENTS) if group_grads is not None else 0
+        rp = {"partials": partials.ptr, "dA": dA.ptr, "batch": batch, "seqlen": seqlen, "nblocks": nblocks,
+              "nheads": nheads, "ngroups": G, "d_state": d_state, "group_sum_ctas": group_sum_ctas,
+              "dB": dB.ptr, "dC": dC.ptr, **splits,
               "dD": dD.ptr if dD is not None else 0, "has_dD": int(dD is not None),
               "dD_per_head": int(D is not None and len(D.shape) == 1),
               "ddt_bias": ddt_bias.ptr if ddt_bias is not None else 0, "has_ddt_bias": int(ddt_bias is not None)}
         record_strides(rp, partials, ("batch", "block", "head"))
         record_strides(rp, dA, ("head",))
+        record_strides(rp, dB, ("batch", "seqlen", "group"))
+        record_strides(rp, dC, ("batch", "seqlen", "group"))
         if dD is not None:
             if len(dD.shape) == 1:
                 rp.update(stride_dD_head=dD.strides[0], stride_dD_dim=0)
@@ -311,8 +349,9 @@ class SsdBackwardPlan(CompositePlan):
             record_strides(rp, ddt_bias, ("head",))
         null_absent(rp, SsdBackwardReducePlan.param_names, ("dD", "ddt_bias"))
         expect_complete(rp, SsdBackwardReducePlan.param_names, "ssd_bwd_reduce")
-        reduce_call = BoundCall(constants={"headdim": headdim}, grid=(nheads, 1, 1), params=rp, inputs=(partials,),
-                                outputs=tuple(a for a in (dA, dD, ddt_bias) if a is not None))
+        reduce_call = BoundCall(constants={"headdim": headdim, "io_dtype": io}, grid=(nheads + group_sum_ctas, 1, 1),
+                                params=rp, inputs=tuple(a for a in (partials, group_grads) if a is not None),
+                                outputs=tuple(a for a in (dA, dD, ddt_bias, dB, dC) if a is not None))
 
         # across the steps: no gradient (or the workspace) may overlap an input or another output, since one step
         # writes what a later one reads

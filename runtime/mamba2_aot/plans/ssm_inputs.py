@@ -41,10 +41,7 @@ def bind_ssm_inputs(params: dict, *, x, dt, A, B, C, out, D, z, dt_bias, length:
     """
     batch, seqlen, nheads, headdim = x.shape
     read = bind_ssm_gates(params, x.shape, x.dtype, dt=dt, A=A, out=out, D=D, z=z, dt_bias=dt_bias, length=length)
-    expect_rank(B, 4, f"(batch, {length}, ngroups, d_state)")
-    ngroups = B.shape[2]
-    if ngroups < 1 or nheads % ngroups:
-        raise ShapeError("B", f"B: ngroups (dim 2) = {ngroups} must divide nheads = {nheads}")
+    ngroups = expect_groups(B, nheads, length)
     d_state = B.shape[3]
     for m in (B, C):
         expect_dtype(m, (x.dtype,))
@@ -54,6 +51,15 @@ def bind_ssm_inputs(params: dict, *, x, dt, A, B, C, out, D, z, dt_bias, length:
                       (C, ("batch", "seqlen", "group"))):
         record_strides(params, arr, dims)
     return SsmShape(batch, seqlen, nheads, headdim, ngroups, d_state), [x, B, C] + read
+
+
+def expect_groups(B, nheads: int, length: str = "seqlen") -> int:
+    """B's rank and its ngroups (dim 2), which must divide nheads; returns ngroups."""
+    expect_rank(B, 4, f"(batch, {length}, ngroups, d_state)")
+    ngroups = B.shape[2]
+    if ngroups < 1 or nheads % ngroups:
+        raise ShapeError("B", f"B: ngroups (dim 2) = {ngroups} must divide nheads = {nheads}")
+    return ngroups
 
 
 def bind_ssm_gates(params: dict, shape: tuple, io: str, *, dt, A, out, D, z, dt_bias, length: str) -> list:
