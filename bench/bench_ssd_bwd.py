@@ -2,7 +2,7 @@
 
 Measured by ``bench/run.py`` (section ``ssd_bwd``); alone::
 
-    PYTHONPATH=runtime:third_party_baseline python bench/bench_ssd_bwd.py
+    PYTHONPATH=runtime:third_party_baseline python bench/bench_ssd_bwd.py [SHAPE_POSITION ...]
 
 Shapes: the BRIEF §6 reference shapes (bf16, D (H), dt_bias, softplus; no state gradients). A training step
 runs the forward, then the backward from dout: ours is ``launch("ssd_fwd")`` then ``launch("ssd_bwd")`` (which
@@ -14,6 +14,8 @@ same run. Workspace: ours is ``runtime.workspace_size("ssd_bwd", ...)``; Triton'
 (it allocates its per-chunk states, their gradients and C·Bᵀ blocks inside the call).
 """
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -85,10 +87,12 @@ def measure(s: Shape, bandwidth: float, baseline: bool) -> dict:
     return with_baseline(row, bench_triton, s) if baseline else row
 
 
-def main():
+def main(argv=None):
+    """Every reference shape, or those whose positions (0-3) are given on the command line."""
+    picked = [int(a) for a in (sys.argv[1:] if argv is None else argv)]
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s")
-    for s in REFERENCE_SHAPES:
+    for s in [REFERENCE_SHAPES[i] for i in picked] or REFERENCE_SHAPES:
         r = measure(s, bw, baseline=True)
         t = r.get("triton") or {"us": float("nan"), "backward_us": float("nan")}
         print(f"{s.name:<52} fwd+bwd: triton {t['us']:8.1f}  ours {r['ours']['us']:8.1f} us  | bwd: triton "

@@ -143,6 +143,18 @@ class OnlyDLPack:
         return self.array.__dlpack_device__()
 
 
+class OnlyCAI:
+    """Wraps a framework array so that only ``__cuda_array_interface__`` is visible (as CuPy and Numba arrays
+    present themselves)."""
+
+    def __init__(self, array):
+        self.array = array
+
+    @property
+    def __cuda_array_interface__(self):
+        return self.array.__cuda_array_interface__
+
+
 def variant_entry(family, constants, image, *, params, block=(256, 1, 1), cluster=(1, 1, 1), dynamic_smem=32,
                   grid="chunks,batch,heads/4"):
     stem = ".".join([family] + [f"{k}-{constants[k]}" for k in sorted(constants)])
