@@ -1,11 +1,13 @@
 """mamba2_aot from JAX (eager): prefill with ``ssd_fwd``, then decode one token with ``verify``, on JAX inputs.
 
-JAX arrays reach the runtime through DLPack (``__dlpack__``: the runtime parses the capsule with ctypes and
-passes its launch stream, so JAX makes the data ready on it). JAX arrays are immutable and JAX exports them
-read-only, so the runtime refuses one as an output or a state pool (and launches nothing). The outputs and the
-pool therefore live in memory that a mutable-array library owns, here CuPy (whose arrays have no bfloat16, so
-this example runs fp16); the kernels run on CuPy's stream, and JAX reads the results zero-copy through DLPack.
-Use this from eager code, not inside ``jax.jit``.
+JAX arrays offer both array protocols. The runtime reads an fp16 / fp32 one through ``__cuda_array_interface__``
+(which it prefers when both are there) and a bf16 one through DLPack (``__dlpack__``, parsed with ctypes; the
+interface has no bf16). JAX arrays are immutable and JAX exports them read-only, so the runtime refuses one as
+an output or a state pool (and launches nothing). The outputs and the pool therefore live in memory that a
+mutable-array library owns, here CuPy (whose arrays have no bfloat16, so this example runs fp16); the kernels
+run on CuPy's stream, and JAX reads the results zero-copy through DLPack. The inputs are made ready
+(``jax.block_until_ready``) and kept referenced until the kernels are done: the runtime only reads their
+addresses. Use this from eager code, not inside ``jax.jit``.
 
 The check at the end needs no oracle: decoding token L from the state the prefill of tokens 0..L-1 left in the
 pool gives the same output as one ``ssd_fwd`` over all L + 1 tokens (chunked vs recurrent form, fp16 rounding).
@@ -34,6 +36,9 @@ def main(batch=2, L=200, nheads=8, headdim=64, d_state=128, ngroups=1, seed=0):
     C = normal(batch, T, ngroups, d_state, scale=d_state ** -0.5).astype(jnp.float16)
     D = normal(nheads)
     dt_bias = normal(nheads, scale=0.5) - 1.0
+    head = (x[:, :L], dt[:, :L], B[:, :L], C[:, :L])    # tokens 0..L-1 (new arrays: kept until the end)
+    tail = (x[:, L:], dt[:, L:], B[:, L:], C[:, L:])    # token L
+    jax.block_until_ready((x, dt, A, B, C, D, dt_bias, head, tail))
     options = dict(A=A, D=D, dt_bias=dt_bias, dt_softplus=True)
     stream = cp.cuda.get_current_stream()
 
@@ -45,12 +50,12 @@ def main(batch=2, L=200, nheads=8, headdim=64, d_state=128, ngroups=1, seed=0):
     pool = cp.zeros((batch, nheads, headdim, d_state), dtype=cp.float32)
     slots = cp.arange(batch, dtype=cp.int32)
     prefill = cp.empty((batch, L, nheads, headdim), dtype=cp.float16)
-    runtime.launch("ssd_fwd", x=x[:, :L], dt=dt[:, :L], B=B[:, :L], C=C[:, :L], out=prefill, chunk_size=256,
+    runtime.launch("ssd_fwd", x=head[0], dt=head[1], B=head[2], C=head[3], out=prefill, chunk_size=256,
                    final_states=pool, final_state_indices=slots, stream=stream, **options)
 
     # decode token L from the pool; the pool's slots are updated in place
     step = cp.empty((batch, 1, nheads, headdim), dtype=cp.float16)
-    runtime.launch("verify", mode="update", state=pool, x=x[:, L:], dt=dt[:, L:], B=B[:, L:], C=C[:, L:], out=step,
+    runtime.launch("verify", mode="update", state=pool, x=tail[0], dt=tail[1], B=tail[2], C=tail[3], out=step,
                    state_indices=slots, stream=stream, **options)
     stream.synchronize()
 

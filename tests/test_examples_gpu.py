@@ -1,6 +1,7 @@
-"""The framework examples (examples/): each runs where its library is installed; the array protocols they rely on
-(``__cuda_array_interface__`` for CuPy, DLPack for JAX) are exercised here for the same calls with torch tensors
-that show only that protocol, so the path is covered on machines without CuPy or JAX too."""
+"""The framework examples (examples/): each runs where its libraries are installed; the two array protocols
+(``__cuda_array_interface__``, which CuPy arrays and fp16 / fp32 JAX arrays take, and DLPack, which bf16 JAX
+arrays take) are exercised here for the same calls with torch tensors that show only one of them, so both paths
+are covered on machines without CuPy or JAX too."""
 import importlib.util
 import sys
 from pathlib import Path
@@ -48,7 +49,7 @@ def test_jax_example():
 
 
 def test_a_jax_array_is_refused_as_an_output():
-    """JAX exports its arrays read-only through DLPack: the runtime refuses one as an output before launching."""
+    """JAX exports its arrays read-only: the runtime refuses one as an output before launching."""
     jax = pytest.importorskip("jax")
     if not any(d.platform == "gpu" for d in jax.devices()):
         pytest.skip("JAX has no GPU backend here")

@@ -78,6 +78,22 @@ def test_head_splits_only_when_too_few_ctas():
     assert head_splits(1, 1, 1, 6) == 6                        # never more than the heads
     assert head_splits(1, 10, 1, 15) == 15                     # the smallest divisor reaching the target: 15
     assert head_splits(1, 30, 1, 15) == 5 and 30 * 5 >= TARGET_CTAS
+    assert head_splits(1, 10, 1, 24) == 12                     # 120 CTAs: close enough (not 240)
+
+
+@pytest.mark.parametrize("H,G,N,batch", [(24, 1, 128, 1), (23, 1, 64, 1), (64, 1, 128, 2), (16, 8, 64, 3)])
+def test_workspace_sized_for_a_call_serves_every_smaller_call(H, G, N, batch):
+    """Head splits shrink as a call grows, so the dB / dC shares alone could need more at a shorter L: the size
+    must not decrease with L or batch."""
+    from mamba2_aot.plans.ssd_bwd import Workspace
+    sizes = [Workspace(batch, L, H, 64, G, N, "bf16").size for L in range(1, 1500, 7)]
+    assert all(a <= b for a, b in zip(sizes, sizes[1:]))
+    by_batch = [Workspace(b, 300, H, 64, G, N, "bf16").size for b in range(1, 12)]
+    assert all(a <= b for a, b in zip(by_batch, by_batch[1:]))
+    for L in (638, 645, 1000):
+        ws = Workspace(batch, L, H, 64, G, N, "bf16")
+        if "group_grads" in ws.offsets:  # this call's shares fit in the region
+            assert ws.offsets["group_grads"] + 2 * ws.head_splits * batch * L * G * N * 4 <= ws.size
 
 
 def test_group_sum_size_matches_the_kernel():
@@ -87,13 +103,18 @@ def test_group_sum_size_matches_the_kernel():
 
 
 def test_no_head_splits_no_group_grads():
-    big = 64  # 64 rows x 5 blocks x 2 groups: 640 CTAs
-    x = fake_array(0x1000, (big, L, H, P), "fp16")
-    B = fake_array(0x1000, (big, L, G, N), "fp16")
-    size = PLANS["ssd_bwd"].workspace_size(x=x, B=B)
-    from mamba2_aot.plans.ssd_bwd import Workspace
-    ws = Workspace(big, L, H, P, G, N, "fp16")
-    assert ws.head_splits == 1 and "group_grads" not in ws.offsets and size == ws.size
+    """64 rows x 5 blocks x 2 groups: 640 CTAs, so each CTA takes its group's heads and writes dB / dC itself."""
+    big = 64
+    base = iter(range(0x10000000, 0x10000000000, 1 << 32))
+    arr = lambda shape, dtype="fp16": fake_array(next(base), shape, dtype)  # noqa: E731
+    args = dict(x=arr((big, L, H, P)), dt=arr((big, L, H)), A=arr((H,), "fp32"), B=arr((big, L, G, N)),
+                C=arr((big, L, G, N)), dout=arr((big, L, H, P)), dx=arr((big, L, H, P)), ddt=arr((big, L, H)),
+                dA=arr((H,), "fp32"), dB=arr((big, L, G, N)), dC=arr((big, L, G, N)))
+    size = PLANS["ssd_bwd"].workspace_size(x=args["x"], B=args["B"])
+    _, _, (_, chunk), (_, reduce) = steps(**args, workspace=arr((size // 4,), "fp32"))
+    assert chunk.params["head_splits"] == 1 and chunk.params["group_grads"] == 0
+    assert chunk.params["stride_group_grads_split"] == 0
+    assert chunk.grid == (NBLOCKS, G, big) and reduce.grid == (H, 1, 1) and reduce.params["group_sum_ctas"] == 0
 
 
 def test_per_head_D_and_no_optional_gradients():

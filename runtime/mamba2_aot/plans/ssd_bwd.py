@@ -48,11 +48,13 @@ Launches (one stream, in order; everything validated before the first):
 
 Workspace (fp32 elements, 16-byte aligned; each region 256 bytes from the last): y (batch·L·H·P, io dtype), states and dstates
 (batch · ceil(L/64) · H · P · N each, fp32), partials (batch · ceil(L/64) · H · (P + 2), fp32) and, with head splits,
-group_grads (2 · head_splits · batch · L · G · N, fp32). Deterministic: no atomics, every sum in a fixed order, so
+group_grads (2 · head_splits · batch · L · G · N, fp32; the region is kept at the most any call with at most this batch
+and length needs, so that a workspace sized for one call serves every smaller one). Deterministic: no atomics, every sum in a fixed order, so
 repeated calls give bitwise-identical gradients.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from ..errors import AlignmentError, InvalidArgumentError, ShapeError
@@ -73,13 +75,36 @@ GROUP_SUM_ELEMENTS = 1024  # dB / dC elements per group-sum CTA of ssd_bwd_reduc
 
 def head_splits(batch: int, nblocks: int, ngroups: int, heads_per_group: int) -> int:
     """Over how many ssd_bwd_chunk CTAs each group's heads are split: the smallest divisor of heads_per_group that
-    gives TARGET_CTAS CTAs (all of them if none does). Each split costs 2 · batch · L · G · N fp32 of workspace
-    and their sum, so there is none when (block, group, row) CTAs alone reach the target."""
-    ctas = batch * nblocks * ngroups
+    gives at least 7/8 of TARGET_CTAS CTAs (all of them if none does). Each split costs 2 · batch · L · G · N fp32
+    of workspace and their sum, so there is none when (block, group, row) CTAs alone come that close."""
+    return _splits(batch * nblocks * ngroups, heads_per_group, TARGET_CTAS)
+
+
+def _splits(ctas: int, heads_per_group: int, target: int) -> int:
     for splits in range(1, heads_per_group + 1):
-        if heads_per_group % splits == 0 and ctas * splits >= TARGET_CTAS:
+        if heads_per_group % splits == 0 and 8 * ctas * splits >= 7 * target:
             return splits
     return heads_per_group
+
+
+def group_grads_capacity(batch: int, nblocks: int, ngroups: int, heads_per_group: int, d_state: int) -> int:
+    """fp32 elements the workspace keeps for the dB / dC shares: the most that any call with at most this batch
+    and this many blocks needs. Splits shrink as calls grow, so a call's own need is not monotone in its size;
+    this is, and a workspace sized for one call serves every smaller one."""
+    return _capacity(batch, nblocks, ngroups, heads_per_group, d_state, TARGET_CTAS)
+
+
+@functools.lru_cache(maxsize=256)
+def _capacity(batch: int, nblocks: int, ngroups: int, heads_per_group: int, d_state: int, target: int) -> int:
+    # a call's need depends only on its rows x blocks (k), and there are splits only while k · ngroups is small
+    most = 0
+    for k in range(1, batch * nblocks + 1):
+        splits = _splits(k * ngroups, heads_per_group, target)
+        if splits == 1:
+            break  # and so for every larger k
+        if any(k % rows == 0 and k // rows <= nblocks for rows in range(1, min(batch, k) + 1)):
+            most = max(most, 2 * splits * k * BLOCK * ngroups * d_state)
+    return most
 
 
 class _StepPlan(LaunchPlan):
@@ -162,7 +187,10 @@ class Workspace:
         for name, shape, dtype in self.layout:
             self.offsets[name] = offset
             offset += -(-math.prod(shape) * ITEMSIZE[dtype] // ALIGN) * ALIGN
-        self.size = offset
+        # the shares' region is the last: kept at its capacity even when this call uses less (or none of it)
+        reserved = group_grads_capacity(batch, nblocks, ngroups, nheads // ngroups, d_state) * ITEMSIZE["fp32"]
+        shares = self.offsets.get("group_grads", offset)
+        self.size = max(offset, -(-(shares + reserved) // ALIGN) * ALIGN)
 
     def views(self, ws: DeviceArray) -> dict[str, DeviceArray]:
         views = {}
