@@ -514,18 +514,14 @@ class SsdBackwardChunk:
             dhv.fill(0.0)
             if h0_valid != 0:
                 if h0_from_states != 0:
-                    for k in cutlass.range_constexpr(batch):
-                        h0v[k] = h0_src[(part * batch + k) * THREADS + tid]
+                    _gather(h0v, h0_src, part * batch, tid)
                 else:
-                    for k in cutlass.range_constexpr(batch):
-                        h0v[k] = initial_src[(part * batch + k) * THREADS + tid].to(Float32)
+                    _gather(h0v, initial_src, part * batch, tid)
             if dh_valid != 0:
                 if dh_from_dstates != 0:
-                    for k in cutlass.range_constexpr(batch):
-                        dhv[k] = dh_src[(part * batch + k) * THREADS + tid]
+                    _gather(dhv, dh_src, part * batch, tid)
                 else:
-                    for k in cutlass.range_constexpr(batch):
-                        dhv[k] = dfinal_src[(part * batch + k) * THREADS + tid]
+                    _gather(dhv, dfinal_src, part * batch, tid)
             for k in cutlass.range_constexpr(batch):
                 p = (part * batch + k) * rows_per_pass + p_first
                 dot = dot + h0v[k] * dhv[k]
@@ -840,6 +836,13 @@ class Shared:
             cute.make_layout((2, THREADS, per_thread), stride=(TILE * TILE, 1, THREADS)))
         self.dB = storage.dB.get_tensor(cute.make_layout((THREADS, TILE * N // THREADS), stride=(1, THREADS)))
         self.dC = storage.dC.get_tensor(cute.make_layout((THREADS, TILE * N // THREADS), stride=(1, THREADS)))
+
+
+@cute.jit
+def _gather(values, src, first, tid):
+    """values[k] = src[(first + k) · THREADS + tid] in fp32: a batch of a thread's state values, loaded together."""
+    for k in cutlass.range_constexpr(cute.size(values)):
+        values[k] = src[(first + k) * THREADS + tid].to(Float32)
 
 
 @cute.jit
