@@ -83,28 +83,23 @@ def has_baseline() -> bool:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the results here")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["ssd_fwd", "ssd_bwd", "ssd_chunk_cumsum", "verify", "conv",
-                                                                    "scaling", "cold"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["ssd_fwd", "ssd_bwd", "ssd_chunk_cumsum", "verify",
+                                                                    "conv", "scaling", "cold"])
     args = parser.parse_args()
     baseline = has_baseline()
     bw = copy_bandwidth()
     results = {"provenance": provenance(), "copy_bandwidth_GBps": bw / 1e9, "baseline": baseline}
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s; Triton baseline {'present' if baseline else 'absent'}", flush=True)
 
-    if "ssd_fwd" not in args.skip:
-        results["ssd_fwd"] = []
+    reference_sections = (("ssd_fwd", "ssd_fwd", bench_ssd_fwd), ("ssd_bwd", "ssd_fwd + ssd_bwd", bench_ssd_bwd))
+    for section, label, module in reference_sections:
+        if section in args.skip:
+            continue
+        results[section] = []
         for s in bench_ssd_fwd.REFERENCE_SHAPES:
-            row = bench_ssd_fwd.measure(s, bw, baseline)
-            results["ssd_fwd"].append(row)
-            print(f"ssd_fwd {s.name:<52} ours {row['ours']['us']:8.1f} us  triton "
-                  f"{(row.get('triton') or {}).get('us', float('nan')):8.1f} us", flush=True)
-
-    if "ssd_bwd" not in args.skip:
-        results["ssd_bwd"] = []
-        for s in bench_ssd_fwd.REFERENCE_SHAPES:
-            row = bench_ssd_bwd.measure(s, bw, baseline)
-            results["ssd_bwd"].append(row)
-            print(f"ssd_fwd + ssd_bwd {s.name:<46} ours {row['ours']['us']:8.1f} us  triton "
+            row = module.measure(s, bw, baseline)
+            results[section].append(row)
+            print(f"{label} {s.name:<52} ours {row['ours']['us']:8.1f} us  triton "
                   f"{(row.get('triton') or {}).get('us', float('nan')):8.1f} us", flush=True)
 
     if "ssd_chunk_cumsum" not in args.skip:
