@@ -46,11 +46,11 @@ Launches (one stream, in order; everything validated before the first):
    share of dB and dC (``workspace.group_grads``) instead of dB and dC;
 4. ``ssd_bwd_reduce``, one CTA per head: dA, dD, ddt_bias; with head splits, more CTAs add the shares of dB and dC.
 
-Workspace (fp32 elements, 16-byte aligned; each region 256 bytes from the last): y (batch·L·H·P, io dtype), states and dstates
-(batch · ceil(L/64) · H · P · N each, fp32), partials (batch · ceil(L/64) · H · (P + 2), fp32) and, with head splits,
-group_grads (2 · head_splits · batch · L · G · N, fp32; the region is kept at the most any call with at most this batch
-and length needs, so that a workspace sized for one call serves every smaller one). Deterministic: no atomics, every sum in a fixed order, so
-repeated calls give bitwise-identical gradients.
+Workspace (each region 256-byte aligned): y (batch·L·H·P, io dtype), states and dstates (batch · ceil(L/64) · H ·
+P · N each, fp32), partials (batch · ceil(L/64) · H · (P + 2), fp32) and, with head splits, group_grads
+(2 · head_splits · batch · L · G · N, fp32; the region is kept at the most any call with at most this batch and
+length needs, so that a workspace sized for one call serves every smaller one). Deterministic: no atomics, every
+sum in a fixed order, so repeated calls give bitwise-identical gradients.
 """
 from __future__ import annotations
 
@@ -332,8 +332,7 @@ class SsdBackwardPlan(CompositePlan):
         null_absent(splits, SsdBackwardChunkPlan.param_names, ("group_grads",))
         cp = {name: fp[name] for name in SsdBackwardChunkPlan.param_names if name in fp and name != "out"}
         cp.update(common, **packing, **splits, out=y.ptr, dout=dout.ptr, dx=dx.ptr, ddt=ddt.ptr, dB=dB.ptr, dC=dC.ptr,
-                  states=states.ptr, dstates=dstates.ptr, partials=partials.ptr, z=0, has_z=int(z is not None),
-                  dfinal_states=dfinal_states.ptr if dfinal_states is not None else 0,
+                  states=states.ptr, dstates=dstates.ptr, partials=partials.ptr, has_z=int(z is not None),
                   has_dfinal_states=int(dfinal_states is not None))
         for arr, dims in ((y, ("batch", "seqlen", "head")), (dout, ("batch", "seqlen", "head")),
                           (dx, ("batch", "seqlen", "head")), (ddt, ("batch", "seqlen", "head")),
