@@ -118,8 +118,6 @@ class SsdBackwardChunk:
         block_start = blk * TILE
         rows = cute.math.min(L - block_start, Int32(TILE))
 
-
-
         def per_head(pointer, name):  # a (batch, L, H, P) array
             return view(pointer, (a.batch, L, H, P), getattr(a, f"stride_{name}_batch"),
                         getattr(a, f"stride_{name}_seqlen"), getattr(a, f"stride_{name}_head"), 1)
@@ -136,8 +134,8 @@ class SsdBackwardChunk:
                 batch_stride, seq_stride, group_stride = vec(batch_stride), vec(seq_stride), vec(group_stride)
             return view(pointer, (a.batch, L, G, N), batch_stride, seq_stride, group_stride, 1)
 
-        def state_blocks(pointer, name, first):  # (first, H, P, N) with contiguous P × N blocks
-            return view(pointer, (first, H, P, N), getattr(a, f"stride_{name}_{'slot' if name == 'initial_states' else 'seq'}"),
+        def state_blocks(pointer, name, first, first_dim):  # (first, H, P, N) with contiguous P × N blocks
+            return view(pointer, (first, H, P, N), getattr(a, f"stride_{name}_{first_dim}"),
                         getattr(a, f"stride_{name}_head"), N, 1)
 
         t = Tensors(
@@ -148,9 +146,9 @@ class SsdBackwardChunk:
             B=per_group(a.B, "B", True), C=per_group(a.C, "C", True),
             dB=per_group(a.dB, "dB", False), dC=per_group(a.dC, "dC", False),
             D=view(a.D, (H, P), a.stride_D_head, a.stride_D_dim),
-            initial=state_blocks(a.initial_states, "initial_states", a.num_initial_slots),
+            initial=state_blocks(a.initial_states, "initial_states", a.num_initial_slots, "slot"),
             initial_indices=view(a.initial_state_indices, (a.num_seqs,), a.stride_initial_state_indices_seq),
-            dfinal=state_blocks(a.dfinal_states, "dfinal_states", a.num_seqs),
+            dfinal=state_blocks(a.dfinal_states, "dfinal_states", a.num_seqs, "seq"),
             states=view(a.states, (a.batch, a.nblocks, H, P, N), a.stride_states_batch, a.stride_states_block,
                         a.stride_states_head, N, 1),
             dstates=view(a.dstates, (a.batch, a.nblocks, H, P, N), a.stride_dstates_batch, a.stride_dstates_block,

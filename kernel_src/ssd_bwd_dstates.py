@@ -91,8 +91,6 @@ class SsdBackwardStates:
         g = h // a.heads_per_group
         p0 = ptile * P_TILE
 
-
-
         dout = view(a.dout, (a.batch, L, H, P), vec(a.stride_dout_batch), vec(a.stride_dout_seqlen),
                     vec(a.stride_dout_head), 1)
         z = view(a.z, (a.batch, L, H, P), vec(a.stride_z_batch), vec(a.stride_z_seqlen), vec(a.stride_z_head), 1)

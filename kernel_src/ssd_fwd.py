@@ -120,8 +120,6 @@ class SsdForward:
         g = h // a.heads_per_group
         p0 = ptile * P_TILE
 
-
-
         x = view(a.x, (a.batch, L, H, P), vec(a.stride_x_batch), vec(a.stride_x_seqlen), vec(a.stride_x_head), 1)
         z = view(a.z, (a.batch, L, H, P), vec(a.stride_z_batch), vec(a.stride_z_seqlen), vec(a.stride_z_head), 1)
         Bm = view(a.B, (a.batch, L, G, N), vec(a.stride_B_batch), vec(a.stride_B_seqlen), vec(a.stride_B_group), 1)
