@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
 
+from built_variants import require_built  # noqa: E402
 from runtime_fakes import OnlyCAI, OnlyDLPack  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -18,11 +19,8 @@ SHAPE = dict(batch=2, L=200, nheads=8, headdim=64, d_state=128, ngroups=1)
 
 
 def _require(io):
-    from mamba2_aot import runtime
-    built = {(v["family"], v["constants"].get("io_dtype")) for v in runtime.list_variants()}
     for family in ("ssd_fwd", "verify"):
-        if (family, io) not in built:
-            pytest.skip(f"no {io} {family} variant in this build")
+        require_built(family, io_dtype=io)
 
 
 def _run_example(name):

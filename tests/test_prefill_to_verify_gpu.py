@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
 
 import reference  # noqa: E402
+from built_variants import require_built  # noqa: E402
 from test_verify_gpu import _runtime  # noqa: E402
 
 H, P, N, G, K = 4, 64, 128, 2, 4
@@ -27,18 +28,12 @@ def _split(xBC):
     return x, B, C
 
 
-def _built(family, **constants):
-    return any(all(v["constants"].get(k) == c for k, c in constants.items())
-               for v in _runtime().list_variants(family))
-
-
 def test_packed_prefill_then_fused_decode_equals_one_long_run():
     for family, constants in (("conv1d_fwd", {"io_dtype": "bf16", "pool_dtype": "bf16"}),
                               ("ssd_fwd", {"headdim": P, "d_state": N, "io_dtype": "bf16", "state_dtype": "fp32"}),
                               ("verify", {"mode": "update", "headdim": P, "d_state": N, "io_dtype": "bf16",
                                           "pool_dtype": "fp32", "conv_dtype": "bf16"})):
-        if not _built(family, **constants):
-            pytest.skip(f"no {family} variant with {constants} in this build")
+        require_built(family, **constants)
     lengths, T = (70, 2, 131), 3          # a sequence shorter than K - 1, and starts inside 64-token blocks
     slots = [5, 0, 3]
     gen = torch.Generator().manual_seed(7)

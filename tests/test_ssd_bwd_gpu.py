@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
 
 import reference  # noqa: E402
+from built_variants import built_constants, require_built  # noqa: E402
 from reference import generators  # noqa: E402
 
 FORWARD_KEYS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "dt_softplus", "initial_states", "seq_idx",
@@ -25,10 +26,7 @@ def _runtime():
 
 
 def _require(P, N, io="bf16"):
-    built = {(v["family"], v["constants"].get("headdim"), v["constants"].get("d_state"), v["constants"].get("io_dtype"))
-             for v in _runtime().list_variants()}
-    if ("ssd_bwd_chunk", P, N, io) not in built:
-        pytest.skip(f"no ssd_bwd_chunk variant for P={P} N={N} {io} in this build")
+    require_built("ssd_bwd_chunk", headdim=P, d_state=N, io_dtype=io)
 
 
 def _num_seqs(inputs):
@@ -215,14 +213,7 @@ def test_group_gradients_with_and_without_head_splits(target_ctas, monkeypatch):
     _check(got, _oracle(inputs, dout, dfinal))
 
 
-def _built_backward_variants():
-    try:
-        return sorted({tuple(sorted(v["constants"].items())) for v in _runtime().list_variants("ssd_bwd_chunk")})
-    except Exception:  # no cubins at all: the sweep has nothing to run
-        return []
-
-
-@pytest.mark.parametrize("constants", [dict(c) for c in _built_backward_variants()],
+@pytest.mark.parametrize("constants", built_constants("ssd_bwd_chunk"),
                          ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
 def test_every_built_variant(constants):
     """Each built (P, N, I/O dtype, state dtype): every gradient, initial states in the state dtype."""

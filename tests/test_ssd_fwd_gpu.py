@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
 
 import reference  # noqa: E402
+from built_variants import built_constants, require_built  # noqa: E402
 from reference import generators  # noqa: E402
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -20,15 +21,8 @@ def _runtime():
     return runtime
 
 
-def _built(**constants):
-    """Whether the installed cubins have an ssd_fwd variant with these constants (for parametrized skips)."""
-    return any(all(v["constants"].get(k) == c for k, c in constants.items())
-               for v in _runtime().list_variants("ssd_fwd"))
-
-
 def _require(**constants):
-    if not _built(**constants):
-        pytest.skip(f"no ssd_fwd variant with {constants} in this build")
+    require_built("ssd_fwd", **constants)
 
 
 def _to_cuda(inputs):
@@ -223,14 +217,7 @@ def test_repeated_launches_are_bitwise_identical():
         assert torch.equal(again["out"], first["out"]) and torch.equal(again["final_states"], first["final_states"])
 
 
-def _built_variants():
-    try:
-        return [v["constants"] for v in _runtime().list_variants("ssd_fwd")]
-    except Exception:  # no cubins at collection time: the sweep has nothing to run
-        return []
-
-
-@pytest.mark.parametrize("constants", _built_variants(),
+@pytest.mark.parametrize("constants", built_constants("ssd_fwd"),
                          ids=lambda c: "-".join(f"{k}{v}" for k, v in sorted(c.items())))
 def test_every_built_variant(constants):
     """Each variant in the build (the full matrix in a full build) against the oracle, pool dtype included."""
