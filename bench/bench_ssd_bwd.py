@@ -43,9 +43,10 @@ def bench_ours(s: Shape) -> dict:
     grads = [_grads(x) for x in sets]
     size = runtime.workspace_size("ssd_bwd", x=sets[0]["x"], B=sets[0]["B"])
     workspace = torch.empty(size // 4, device="cuda")  # one: the steps of a graph run in order
+    assert size >= runtime.workspace_size("ssd_fwd", x=sets[0]["x"], B=sets[0]["B"])  # the forward's too
 
     def forward(i):
-        runtime.launch("ssd_fwd", **sets[i], out=outs[i], chunk_size=s.Q, dt_softplus=True)
+        runtime.launch("ssd_fwd", **sets[i], out=outs[i], chunk_size=s.Q, dt_softplus=True, workspace=workspace)
 
     def backward(i):
         runtime.launch("ssd_bwd", **sets[i], dout=douts[i], workspace=workspace, dt_softplus=True, **grads[i])

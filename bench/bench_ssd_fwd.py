@@ -8,7 +8,7 @@ Shapes: the BRIEF §6 reference shapes (bf16, fp32 final states, D (H), dt_bias,
 replays (median; each graph holds several calls on distinct inputs so nothing stays in L2) and eager wall time
 per call. The roofline is the minimum bytes a call moves (x, dt, B, C, z read once; out and the fp32 final
 states written once) divided by the copy bandwidth measured in the same run. Workspace: ours is
-``runtime.workspace_size`` (0); Triton's is the peak memory its call allocates beyond its outputs (per-chunk
+``runtime.workspace_size`` (the entering states of a call split along L; 0 when not split); Triton's is the peak memory its call allocates beyond its outputs (per-chunk
 states, C·Bᵀ blocks, Δ and cumsums), measured with torch's allocator.
 """
 from __future__ import annotations
@@ -72,11 +72,12 @@ def bench_ours(s: Shape) -> dict:
     sets = [make_inputs(s, seed=i) for i in range(n)]
     outs = [torch.empty_like(x["x"]) for x in sets]
     finals = [torch.empty(s.batch, s.H, s.P, s.N, device="cuda") for _ in range(n)]
+    workspace = runtime.workspace_size("ssd_fwd", x=sets[0]["x"], B=sets[0]["B"])
+    spaces = [torch.empty(workspace // 4, device="cuda") if workspace else None for _ in range(n)]
 
     def run(i):
-        runtime.launch("ssd_fwd", **sets[i], out=outs[i], final_states=finals[i], chunk_size=s.Q, dt_softplus=True)
-    workspace = runtime.workspace_size("ssd_fwd", **sets[0], out=outs[0], final_states=finals[0], chunk_size=s.Q,
-                                       dt_softplus=True)
+        runtime.launch("ssd_fwd", **sets[i], out=outs[i], final_states=finals[i], chunk_size=s.Q, dt_softplus=True,
+                       workspace=spaces[i])
     return {"us": graph_time_us(run, n), "eager_us": eager_time_us(run, n), "workspace_bytes": workspace}
 
 

@@ -19,12 +19,17 @@ with cp.async (two CTAs per SM overlap one's loads with the other's work). The p
 [S | e ⊙ C]·[x ; h₀ᵀ] (e_t = 2^(cs_t - cs_0-)) and (Δ-weighted x)ᵀ·B are bf16/fp16 warp MMAs (mma.sync
 m16n8k16, sm_80 and later) with fp32 accumulation; h is rounded to the I/O dtype only as an MMA operand for
 the C·h₀ᵀ term (as in the Triton kernels), never in the carried state. No per-chunk state goes through HBM
-and there is no workspace.
+(a split call, below, stores one state per segment).
 
 Sequence sources (the CTA's z index): row z of a (batch, L) input; sequence z of ``cu_seqlens`` (B == 1);
 or row z split at every change of ``seq_idx`` (blocks holding a sequence start are processed once per
-sequence run). The chunk size Q only says where ``chunk_states`` are taken (after the last token of every
-Q-token chunk of the row, Q a multiple of 64): the algorithm's own block is always 64 tokens.
+sequence run). A call the runtime splits along L (too few CTAs for the GPU; never with packed sequences) runs
+twice: a states-only pass (``states_only``: the h recurrence alone, x and B double-buffered in the tiles the
+outputs would use, its chunk states being the states entering the later segments), then z = source ·
+``segments`` + segment, each segment (``segment_len`` tokens) starting from the chunk state before it; only the
+last segment writes the final state and chunk states (the states-only pass wrote the others). The chunk size Q
+only says where ``chunk_states`` are taken (after the last token of every Q-token chunk of the row, Q a multiple
+of 64): the algorithm's own block is always 64 tokens.
 """
 
 # (no "from __future__ import annotations": cute.struct reads its field annotations as live objects)
@@ -85,6 +90,7 @@ class SsdForward:
             ptr("chunk_states", "fp32"), ptr("seq_idx", "int32"), ptr("cu_seqlens", "int32"),
             i32("batch"), i32("seqlen"), i32("nheads"), i32("heads_per_group"), i32("num_seqs"),
             i32("num_initial_slots"), i32("num_final_slots"), i32("chunk_size"), i32("nchunks"),
+            i32("segments"), i32("segment_len"), i32("states_only"),
             *ssm_strides(),
             *strides("initial_states", "slot", "head"), *strides("initial_state_indices", "seq"),
             *strides("final_states", "slot", "head"), *strides("final_state_indices", "seq"),
@@ -140,8 +146,12 @@ class SsdForward:
                         a.stride_chunk_states_chunk, a.stride_chunk_states_head, N, 1),
         )
 
-        # This CTA's tokens: [start, end) of one row, and the number of its first sequence.
+        # This CTA's tokens: [start, end) of one row (or of one segment of it), and the number of its first sequence.
+        segment = source % a.segments
+        source = source // a.segments
         row, start, end = source_tokens(a, source, L)
+        start = cute.math.max(start, segment * a.segment_len)
+        end = cute.math.min(end, start + a.segment_len)
         seq = source
         if a.has_seq_idx != 0:
             seq = Int32(0)  # sequences of a seq_idx row are numbered from 0 (the runtime allows states only at B == 1)
@@ -188,8 +198,13 @@ class SsdForward:
             blk_end = blk_first
 
         acc_h = cute.make_rmem_tensor(mma.thr.partition_shape_C((P_TILE, N)), Float32)
-        self._begin_sequence(a, states, mma, acc_h, sH, seq, h, p0, io_type)
+        if segment == 0:
+            self._begin_sequence(a, states, mma, acc_h, sH, seq, h, p0, io_type)
+        else:  # the state entering the segment, as the states-only pass left it (the chunk state before start)
+            entering = states.chunks[row, start // a.chunk_size - 1, h, None, None]
+            self._set_state(mma, acc_h, sH, entering, True, p0, io_type)
         tiles = (g2s, tid, gx, gz, gB, gC, ident_x, ident_BC, sX, sZ, sB, sC, ptile, L)
+        work = (mma, acc_h, sX, sB, sC, sZ, sS, sXw, sCe, sY, sH, sD, sDelta, sCs)
 
         # Warp 0 keeps the raw dt (and seq_idx) of the next block in registers: rows lane and lane + 32.
         dt_next0 = Float32(0.0)
@@ -202,6 +217,12 @@ class SsdForward:
                 if start < L:
                     prev_seq = seq_idx[row, start]
             dt_next0, dt_next1, seq_next0, seq_next1 = self._load_raw(a, dt, seq_idx, row, h, blk_first, lane, L)
+
+        if a.states_only != 0:
+            walk = (a, states, mma, acc_h, (g2s, tid, gx, gB, ident_x, ident_BC, ptile, L), sXw, sDelta, sCs, sChanges,
+                    dt, seq_idx, row, h, p0, start, end, blk_end, bias, A_log2, warp_id, lane)
+            self._walk_states(walk, blk_first, blk_end, (sX, sB), (sZ, sC), dt_next0, dt_next1, io_type)
+            blk_end = blk_first  # (nothing left for the walk with outputs)
 
         for blk in range(blk_first, blk_end):
             cute.arch.sync_threads()  # every warp done with the previous block's tiles
@@ -225,17 +246,18 @@ class SsdForward:
                     seq = seq + 1
                     self._begin_sequence(a, states, mma, acc_h, sH, seq, h, p0, io_type)
                 cute.arch.sync_threads()  # h₀ in shared memory, and every warp done with the last segment
-                self._segment(a, mma, acc_h, sX, sB, sC, sZ, sS, sXw, sCe, sY, sH, sD, sDelta, sCs, out, row, h,
-                              ptile, block_start, seg, seg_end, tid, io_type)
+                self._segment(a, work, out, row, h, ptile, block_start, seg, seg_end, tid, io_type)
                 seg = seg_end
 
-            if a.has_chunk_states != 0:
+            # (a split call's states-only pass wrote the chunk states of every segment but the last)
+            if (a.has_chunk_states != 0) & (segment == a.segments - 1):
                 last = block_start + seg_stop - 1
                 chunk = last // a.chunk_size
                 if last == cute.math.min(chunk * a.chunk_size + a.chunk_size - 1, L - 1):
                     store_state(states.chunks[row, chunk, h, None, None], mma, acc_h, p0, Float32)
 
-        self._end_sequence(a, states, mma, acc_h, seq, h, p0, state_type)
+        if segment == a.segments - 1:
+            self._end_sequence(a, states, mma, acc_h, seq, h, p0, state_type)
 
     def _shared_storage(self, io_type):
         N = self.d_state
@@ -329,24 +351,123 @@ class SsdForward:
         return cute.arch.shuffle_sync(s1, 31)
 
     @cute.jit
-    def _segment(self, a, mma, acc_h, sX, sB, sC, sZ, sS, sXw, sCe, sY, sH, sD, sDelta, sCs, out, row, h, ptile,
-                 block_start, s0, s1, tid, io_type):
+    def _segment(self, a, work, out, row, h, ptile, block_start, s0, s1, tid, io_type: cutlass.Constexpr):
         """Rows [s0, s1) of the block (one sequence): outputs, and h advanced past them.
 
         y = [S | e ⊙ C] · [x ; h₀ᵀ] is one accumulation (e_i = the entering state's decay to row i, folded into
         C's rows), so only h and one other accumulator are live at a time. Per-row and per-column values of a
         thread's fragment are read once, and masks are selects."""
-        N = self.d_state
+        mma, acc_h, sX, sB, sC, sZ, sS, sXw, sCe, sY, sH, sD, sDelta, sCs = work
         zero = Float32(0.0)
         base = zero
         if s0 > 0:
             base = sCs[s0 - 1]
         cs_end = sCs[s1 - 1]
+        self._masked_scores(mma, sC, sB, sS, sDelta, sCs, s0, s1, io_type)
 
-        # S = C·Bᵀ ⊙ 2^(cs_i - cs_j) Δ_j on s0 <= j <= i < s1
+        # row-wise, 16-byte vectors: e_s C_s, and the weighted x
+        per_row = self.threads // TILE
+        s = tid // per_row
+        row_decay = cute.math.exp2(cute.math.min(sCs[s] - base, zero), fastmath=True)
+        scale_row(sC, sCe, s, tid % per_row, per_row, row_decay, io_type)
+        self._weigh_rows(sX, sXw, sDelta, sCs, s0, s1, cs_end, tid, io_type)
+        cute.arch.sync_threads()  # S, e ⊙ C and the weighted x are complete
+
+        acc_y = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P_TILE)), Float32)
+        acc_y.fill(0.0)
+        mma.gemm(acc_y, sS, transposed(sX, TILE, P_TILE), TILE // 16, b_transposed=True)
+        mma.gemm(acc_y, sCe, sH, self.d_state // 16)
+        self._advance_state(mma, acc_h, sXw, sB, base, cs_end)
+        cute.arch.sync_threads()  # every warp done reading the scratch operands and h₀
+
+        # y (over the scratch) and h₀ of the next segment to shared memory, then the row-wise output pass
+        store_pairs(mn_view(acc_y), mn_view(mma.thr.partition_C(sY)), Float32)
+        store_pairs(mn_view(acc_h), mn_view(mma.thr.partition_C(sH)), io_type)
+        cute.arch.sync_threads()
+        self._store_rows(a, sY, sX, sZ, sD, out, row, h, ptile, block_start, s0, s1, tid, io_type)
+
+    @cute.jit
+    def _weigh_rows(self, sX, sXw, sDelta, sCs, s0, s1, cs_end, tid, io_type: cutlass.Constexpr):
+        """sXw = Δ_s 2^(cs_end - cs_s) x_s on rows [s0, s1), zero elsewhere: this thread's share of a row, in
+        16-byte vectors."""
+        per_row = self.threads // TILE
+        s = tid // per_row
+        zero = Float32(0.0)
+        weight = Float32(cutlass.select_((s >= s0) & (s < s1), cute.math.exp2(cute.math.min(cs_end - sCs[s], zero),
+                                                                             fastmath=True) * sDelta[s], zero))
+        scale_row(sX, sXw, s, tid % per_row, per_row, weight, io_type)
+
+    @cute.jit
+    def _advance_state(self, mma, acc_h, sXw, sB, base, cs_end):
+        """h = 2^(cs_end - base) h + (weighted x)ᵀ · B: the state past the rows weighed by :meth:`_weigh_rows`."""
+        state_decay = cute.math.exp2(cute.math.min(cs_end - base, Float32(0.0)), fastmath=True)
+        for e in cutlass.range_constexpr(cute.size(acc_h)):
+            acc_h[e] = acc_h[e] * state_decay
+        mma.gemm(acc_h, transposed(sXw, TILE, P_TILE), transposed(sB, TILE, self.d_state), TILE // 16,
+                 a_transposed=True, b_transposed=True)
+
+    @cute.jit
+    def _walk_states(self, walk, blk_first, blk_end, first, second, dt0, dt1, io_type: cutlass.Constexpr):
+        """A states-only pass: h over blocks [blk_first, blk_end) with no outputs, the chunk states stored. Two
+        blocks per iteration, x and B double-buffered (``first``, ``second``: the (x, B) tiles of the outputs' x
+        and B, and of z and C, which this pass does not use), so each block's loads overlap the previous block's
+        work. Sequence changes are not looked at: the runtime sends no packed call here."""
+        blk = blk_first
+        self._load_states_tiles(walk, first, blk)
+        while blk < blk_end:
+            dt0, dt1 = self._states_block(walk, blk, first, second, dt0, dt1, io_type)
+            if blk + 1 < blk_end:
+                dt0, dt1 = self._states_block(walk, blk + 1, second, first, dt0, dt1, io_type)
+            blk = blk + 2
+
+    @cute.jit
+    def _load_states_tiles(self, walk, buffers, blk):
+        (g2s, tid, gx, gB, ident_x, ident_BC, ptile, L) = walk[4]
+        sX, sB = buffers
+        thr = g2s.get_slice(tid)
+        load_tile(g2s, thr, gx, ident_x, sX, (TILE, P_TILE), (blk, ptile), L)
+        load_tile(g2s, thr, gB, ident_BC, sB, (TILE, self.d_state), (blk, 0), L)
+        cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def _states_block(self, walk, blk, here, there, dt0, dt1, io_type: cutlass.Constexpr):
+        """One block of :meth:`_walk_states` from the tiles in ``here``, the next block's loads into ``there``."""
+        (a, states, mma, acc_h, loads, sXw, sDelta, sCs, sChanges, dt, seq_idx, row, h, p0, start, end, blk_end, bias,
+         A_log2, warp_id, lane) = walk
+        tid, L = loads[1], loads[7]
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.sync_threads()  # this block's tiles are in; every warp done with the previous block's
+        if blk + 1 < blk_end:
+            self._load_states_tiles(walk, there, blk + 1)
+        seq0 = Int32(0)
+        seq1 = Int32(0)
+        if warp_id == 0:
+            self._scan_block(a, dt0, dt1, seq0, seq1, seq0, blk, start, end, bias, A_log2, sDelta, sCs, sChanges, lane)
+            dt0, dt1, seq0, seq1 = self._load_raw(a, dt, seq_idx, row, h, blk + 1, lane, L)
+        cute.arch.sync_threads()  # Δ and the cumsums
+        block_start = blk * TILE
+        s0 = cute.math.max(start, block_start) - block_start
+        s1 = cute.math.min(end, block_start + TILE) - block_start
+        base = Float32(0.0)
+        if s0 > 0:
+            base = sCs[s0 - 1]
+        cs_end = sCs[s1 - 1]
+        self._weigh_rows(here[0], sXw, sDelta, sCs, s0, s1, cs_end, tid, io_type)
+        cute.arch.sync_threads()  # the weighted x
+        self._advance_state(mma, acc_h, sXw, here[1], base, cs_end)
+        last = block_start + s1 - 1
+        chunk = last // a.chunk_size
+        if last == cute.math.min(chunk * a.chunk_size + a.chunk_size - 1, L - 1):
+            store_state(states.chunks[row, chunk, h, None, None], mma, acc_h, p0, Float32)
+        return dt0, dt1
+
+    @cute.jit
+    def _masked_scores(self, mma, sC, sB, sS, sDelta, sCs, s0, s1, io_type):
+        """S = C·Bᵀ ⊙ 2^(cs_i - cs_j) Δ_j on s0 <= j <= i < s1 (zero elsewhere), into sS in the I/O dtype."""
+        zero = Float32(0.0)
         acc_s = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
         acc_s.fill(0.0)
-        mma.gemm(acc_s, sC, sB, N // 16)
+        mma.gemm(acc_s, sC, sB, self.d_state // 16)
         S = mn_view(acc_s)
         S_coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, TILE))))
         S_smem = mn_view(mma.thr.partition_C(sS))
@@ -367,37 +488,6 @@ class SsdForward:
                 keep = in_rows & (j <= i)
                 S[r, c] = Float32(cutlass.select_(keep, S[r, c] * decay * delta_cols[c], zero))
         store_pairs(S, S_smem, io_type)
-
-        # row-wise, 16-byte vectors: e_s C_s, and Δ_s 2^(cs_end - cs_s) x_s (zero outside the segment)
-        per_row = self.threads // TILE
-        s = tid // per_row
-        part = tid % per_row
-        cs_s = sCs[s]
-        row_decay = cute.math.exp2(cute.math.min(cs_s - base, zero), fastmath=True)
-        in_segment = (s >= s0) & (s < s1)
-        weight = Float32(cutlass.select_(in_segment, cute.math.exp2(cute.math.min(cs_end - cs_s, zero),
-                                                                    fastmath=True) * sDelta[s], zero))
-        scale_row(sC, sCe, s, part, per_row, row_decay, io_type)
-        scale_row(sX, sXw, s, part, per_row, weight, io_type)
-        cute.arch.sync_threads()  # S, e ⊙ C and the weighted x are complete
-
-        acc_y = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P_TILE)), Float32)
-        acc_y.fill(0.0)
-        mma.gemm(acc_y, sS, transposed(sX, TILE, P_TILE), TILE // 16, b_transposed=True)
-        mma.gemm(acc_y, sCe, sH, N // 16)
-        state_decay = cute.math.exp2(cute.math.min(cs_end - base, zero), fastmath=True)
-        for e in cutlass.range_constexpr(cute.size(acc_h)):
-            acc_h[e] = acc_h[e] * state_decay
-        mma.gemm(acc_h, transposed(sXw, TILE, P_TILE), transposed(sB, TILE, N), TILE // 16,
-                 a_transposed=True, b_transposed=True)
-        cute.arch.sync_threads()  # every warp done reading the scratch operands and h₀
-
-        # y (over the scratch) and h₀ of the next segment to shared memory, then the row-wise output pass
-        Y = mn_view(acc_y)
-        store_pairs(Y, mn_view(mma.thr.partition_C(sY)), Float32)
-        store_pairs(mn_view(acc_h), mn_view(mma.thr.partition_C(sH)), io_type)
-        cute.arch.sync_threads()
-        self._store_rows(a, sY, sX, sZ, sD, out, row, h, ptile, block_start, s0, s1, tid, io_type)
 
     @cute.jit
     def _store_rows(self, a, sY, sX, sZ, sD, out, row, h, ptile, block_start, s0, s1, tid, io_type):
@@ -443,12 +533,17 @@ class SsdForward:
                 if slot >= 0:
                     if slot < a.num_initial_slots:
                         valid = Int32(1)
+        self._set_state(mma, acc_h, sH, states.initial[slot, h, None, None], valid != 0, p0, io_type)
+
+    @cute.jit
+    def _set_state(self, mma, acc_h, sH, block, valid, p0, io_type):
+        """h = rows p0... of a P × N state block (zero unless valid), also into sH in the I/O dtype."""
         coords = mma.thr.partition_C(cute.make_identity_tensor((P_TILE, self.d_state)))
         part_H = mma.thr.partition_C(sH)
         for e in cutlass.range_constexpr(cute.size(acc_h)):
             v = Float32(0.0)
-            if valid != 0:
-                v = states.initial[slot, h, p0 + coords[e][0], coords[e][1]].to(Float32)
+            if valid:
+                v = block[p0 + coords[e][0], coords[e][1]].to(Float32)
             acc_h[e] = v
             part_H[e] = v.to(io_type)
 

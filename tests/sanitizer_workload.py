@@ -58,6 +58,16 @@ for packing in ({"cu_seqlens": cu_seqlens}, {"seq_idx": seq_idx}):
                        **packing, **prefill)
 runtime.launch("ssd_fwd", out=torch.empty_like(xs), final_states=torch.empty(1, H, P, N, device=dev),
                chunk_states=torch.empty(1, 3, H, P, N, device=dev), **prefill)
+# split along L (few CTAs, a long row: a states-only pass, then the segments), entering states in the workspace
+Ls = 1100
+long = dict(x=torch.randn(1, Ls, 2, P, device=dev).bfloat16(), dt=torch.randn(1, Ls, 2, device=dev).bfloat16(),
+            A=-torch.rand(2, device=dev), B=torch.randn(1, Ls, 1, N, device=dev).bfloat16(),
+            C=torch.randn(1, Ls, 1, N, device=dev).bfloat16(), z=torch.randn(1, Ls, 2, P, device=dev).bfloat16(),
+            initial_states=torch.randn(1, 2, P, N, device=dev), dt_softplus=True, chunk_size=256)
+size = runtime.workspace_size("ssd_fwd", x=long["x"], B=long["B"])
+assert size > 0
+runtime.launch("ssd_fwd", out=torch.empty_like(long["x"]), final_states=torch.empty(1, 2, P, N, device=dev),
+               workspace=torch.empty(size // 4, device=dev), **long)
 # the pre-conv path: prefill into a conv pool in place (packed, a short sequence), the three conv pool modes, and
 # the fused conv + SSM verify in each mode (padding and out-of-range rows, the tickets' last-arrival writes)
 K = 4

@@ -29,9 +29,10 @@ def _to_cuda(inputs):
     return {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
 
-def _run(inputs, *, chunk_size=256, final=False, chunks=False, state_dtype=torch.float32, **extra):
+def _run(inputs, *, chunk_size=256, final=False, chunks=False, state_dtype=torch.float32, workspace=False, **extra):
     """Launch ssd_fwd on ``inputs`` (CUDA tensors; initial_states / seq_idx / cu_seqlens included when present);
-    returns the outputs (out, and final_states / chunk_states when asked)."""
+    returns the outputs (out, and final_states / chunk_states when asked). ``workspace``: pass one of
+    ``workspace_size`` bytes (so that a call with few CTAs is split along L)."""
     x = inputs["x"]
     batch, L, H, P = x.shape
     N = inputs["B"].shape[-1]
@@ -48,6 +49,9 @@ def _run(inputs, *, chunk_size=256, final=False, chunks=False, state_dtype=torch
         result["final_states"] = torch.full((num_seqs, H, P, N), float("nan"), dtype=state_dtype, device="cuda")
     if chunks:
         result["chunk_states"] = torch.full((batch, -(-L // chunk_size), H, P, N), float("nan"), device="cuda")
+    if workspace:
+        size = _runtime().workspace_size("ssd_fwd", x=x, B=inputs["B"])
+        extra["workspace"] = torch.full((size // 4,), float("nan"), device="cuda")
     _runtime().launch("ssd_fwd", chunk_size=chunk_size, dt_softplus=inputs.get("dt_softplus", False),
                       **kwargs, **result, **extra)
     torch.cuda.synchronize()
@@ -215,6 +219,45 @@ def test_repeated_launches_are_bitwise_identical():
     for _ in range(3):
         again = _run(inputs, final=True)
         assert torch.equal(again["out"], first["out"]) and torch.equal(again["final_states"], first["final_states"])
+
+
+def _segments(inputs, chunk_size=64):
+    from mamba2_aot.plans.ssd_fwd import plan_segments
+    batch, L, H, P = inputs["x"].shape
+    return plan_segments(batch, L, H, P, inputs["B"].shape[-1], chunk_size)[0]
+
+
+def test_split_call_matches_oracle():
+    """A call with few CTAs over a long L, split along L (a states-only pass, then the segments from their entering
+    states), against the oracle: every option, initial and final states, chunk states; inputs unchanged."""
+    _require(headdim=64, d_state=128, io_dtype="bf16", state_dtype="fp32")
+    inputs = _to_cuda(generators.standard_inputs(2, 1500, 4, 64, 128, 2, torch.bfloat16, seed=31, D="HP", z=True,
+                                                 initial_states=True))
+    assert _segments(inputs) == 5 and _segments(inputs, 256) == 3
+    before = {k: v.clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    for chunks in (False, True):  # the entering states in the workspace, or in chunk_states
+        got = _run(inputs, chunk_size=256, final=True, chunks=chunks, workspace=True, dt_limit=(1e-3, 0.2))
+        _check(got, _oracle(inputs, chunk_size=256, final=True, chunks=chunks, dt_limit=(1e-3, 0.2)))
+        assert all(torch.isfinite(v).all() for v in got.values())
+    for k, v in before.items():
+        assert torch.equal(v, inputs[k]), f"input {k} was written"
+
+
+@pytest.mark.parametrize("constants", built_constants("ssd_fwd"),
+                         ids=lambda c: "-".join(f"{k}{v}" for k, v in sorted(c.items())))
+def test_split_calls_equal_unsplit_calls_bitwise(constants):
+    """Each built variant: a call split along L gives bitwise the unsplit call's outputs, final states and chunk
+    states, for entering states kept in the workspace and in chunk_states."""
+    P, N, io, state = constants["headdim"], constants["d_state"], constants["io_dtype"], constants["state_dtype"]
+    inputs = _to_cuda(generators.standard_inputs(1, 1100 + 37, 2, P, N, 1, TORCH_DTYPES[io], seed=N + P, D="H",
+                                                 z=True, initial_states=True))
+    assert _segments(inputs) > 2
+    for chunks in (False, True):
+        kw = dict(chunk_size=128, final=True, chunks=chunks, state_dtype=TORCH_DTYPES[state])
+        whole, split = _run(inputs, **kw), _run(inputs, workspace=True, **kw)
+        for name, value in whole.items():
+            assert torch.isfinite(value.float()).all(), name
+            assert torch.equal(split[name], value), f"{name} (chunk_states {'given' if chunks else 'not given'})"
 
 
 @pytest.mark.parametrize("constants", built_constants("ssd_fwd"),

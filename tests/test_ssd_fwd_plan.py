@@ -94,8 +94,98 @@ def test_refused_calls_name_the_argument_and_never_reach_the_driver(no_driver, c
     expect_refused("ssd_fwd", ssd_args(**change), error, argument, fragment)
 
 
-def test_workspace_is_zero():
-    assert runtime.workspace_size("ssd_fwd", **ssd_args()) == 0
+def test_workspace_is_zero_when_the_call_fills_the_gpu():
+    assert runtime.workspace_size("ssd_fwd", **ssd_args()) == 0  # 16 CTAs but L 300: too short to split
+
+
+def long_args(batch=1, seqlen=4096, heads=64, d_state=N, **over):
+    """A call with few CTAs (batch x heads) over a long L: split along L."""
+    base = iter(range(1 << 32, 1 << 40, 1 << 32))
+    arr = lambda shape, dtype="fp16": fake_array(next(base), shape, dtype)  # noqa: E731
+    args = dict(x=arr((batch, seqlen, heads, P)), dt=arr((batch, seqlen, heads)), A=arr((heads,), "fp32"),
+                B=arr((batch, seqlen, 1, d_state)), C=arr((batch, seqlen, 1, d_state)),
+                out=arr((batch, seqlen, heads, P)), final_states=arr((batch, heads, P, d_state), "fp32"),
+                workspace=arr((1 << 26,), "fp32"), chunk_size=256)
+    args.update(over)
+    return args
+
+
+def steps(**args):
+    plan = PLANS["ssd_fwd"]
+    return [call for family, call in plan.steps(**{k: as_device_array(v, k) if k in plan.arrays and v is not None
+                                                   else v for k, v in args.items()})]
+
+
+def test_a_call_with_few_ctas_is_split_into_a_states_pass_and_segments():
+    args = long_args(heads=128)  # 128 CTAs: two segments fill the 264 slots
+    first, second = steps(**args)
+    ws = args["workspace"].__cuda_array_interface__["data"][0]
+    per_segment = 128 * P * N  # fp32 elements of the entering states per segment: batch x heads x P x N
+    assert runtime.workspace_size("ssd_fwd", x=args["x"], B=args["B"]) == per_segment * 4
+    # the states-only pass walks the first segment, leaving its end state in the workspace as a "chunk state"
+    assert first.grid == (1, 128, 1)
+    assert {k: first.params[k] for k in ("states_only", "segments", "seqlen", "chunk_size", "nchunks",
+                                         "has_chunk_states", "chunk_states", "has_final_states")} == {
+        "states_only": 1, "segments": 1, "seqlen": 2048, "chunk_size": 2048, "nchunks": 1, "has_chunk_states": 1,
+        "chunk_states": ws, "has_final_states": 0}
+    assert [a.name for a in first.outputs] == ["workspace"] and first.outputs[0].shape == (1, 1, 128, P, N)
+    assert first.params["stride_chunk_states_chunk"] == per_segment
+    # then both segments at once, each from its entering state; the call's own outputs as unsplit
+    assert second.grid == (1, 128, 2)
+    assert {k: second.params[k] for k in ("states_only", "segments", "segment_len", "seqlen", "has_chunk_states",
+                                          "chunk_states", "chunk_size", "has_final_states")} == {
+        "states_only": 0, "segments": 2, "segment_len": 2048, "seqlen": 4096, "has_chunk_states": 0,
+        "chunk_states": ws, "chunk_size": 2048, "has_final_states": 1}
+    assert [a.name for a in second.outputs] == ["out", "final_states"] and second.inputs[-1].name == "workspace"
+
+
+def test_segments_fill_the_free_slots_and_fit_the_workspace():
+    # 32 CTAs: 8 fit in the 264 slots; a workspace for 3 entering states allows 4 segments
+    first, second = steps(**long_args(heads=32))
+    assert second.params["segments"] == 8 and second.params["segment_len"] == 512 and first.params["seqlen"] == 3584
+    small = fake_array(1 << 40, (3 * 32 * P * N,), "fp32")
+    first, second = steps(**long_args(heads=32, workspace=small))
+    assert second.params["segments"] == 4 and second.params["segment_len"] == 1024 and first.params["seqlen"] == 3072
+    assert [call.params["segments"] for call in steps(**long_args(heads=32, workspace=None))] == [1]
+
+
+def test_chunk_states_hold_the_entering_states_without_a_workspace():
+    chunks = fake_array(1 << 41, (1, 16, 64, P, N), "fp32")
+    first, second = steps(**long_args(workspace=None, chunk_states=chunks))
+    assert first.params["chunk_size"] == second.params["chunk_size"] == 256  # the call's own chunks
+    assert first.params["chunk_states"] == second.params["chunk_states"] == 1 << 41
+    assert second.params["segment_len"] % 256 == 0 and second.params["has_chunk_states"] == 1
+    assert first.outputs[0].name == "chunk_states"
+
+
+@pytest.mark.parametrize("change", [
+    {"batch": 4},                 # 256 CTAs: the GPU is full
+    {"seqlen": 500},              # too short for two segments of 256 tokens
+    {"seq_idx": "row"},           # packed sequences are walked whole
+    {"in_place": True},           # a segment's final state could overwrite another's initial state
+])
+def test_calls_that_are_not_split(change):
+    over = {k: v for k, v in change.items() if k in ("batch", "seqlen")}
+    args = long_args(**over)
+    if "seq_idx" in change:
+        args["seq_idx"] = fake_array(1 << 42, (1, 4096), "int32")
+        del args["final_states"]
+    if "in_place" in change:
+        pool = fake_array(1 << 42, (8, 64, P, N), "fp32")
+        idx = fake_array(1 << 43, (1,), "int32")
+        args.update(initial_states=pool, final_states=pool, initial_state_indices=idx, final_state_indices=idx)
+    (call,) = steps(**args)
+    assert call.params["segments"] == 1 and call.params["states_only"] == 0
+
+
+@pytest.mark.parametrize("workspace,error,fragment", [
+    (fake_array(1 << 40, (1024,), "fp16"), errors.DTypeError, "expected dtype fp32"),
+    (fake_array(1 << 40, (1024,), "fp32", (2,)), errors.ShapeError, "contiguous fp32"),
+    (fake_array((1 << 40) + 4, (1024,), "fp32"), errors.AlignmentError, "16-byte aligned"),
+    (fake_array(1 << 32, (1 << 20,), "fp32"), errors.AliasingError, "overlaps x"),  # x's memory
+])
+def test_a_bad_workspace_is_refused(no_driver, workspace, error, fragment):  # noqa: F811
+    expect_refused("ssd_fwd", long_args(workspace=workspace), error, "workspace", fragment)
 
 
 @st.composite

@@ -48,6 +48,7 @@ class RecordedLaunches:
 def launches(monkeypatch):
     recorded = RecordedLaunches()
     monkeypatch.setattr(adapters.runtime, "launch", recorded)
+    monkeypatch.setattr(adapters.runtime, "workspace_size", lambda family, **kw: 0)  # (it needs CUDA arrays)
     return recorded
 
 
@@ -159,6 +160,7 @@ def test_backward_launches_ssd_bwd_with_the_forward_arguments(launches, monkeypa
     out, final = adapters.mamba_chunk_scan_combined(**_forward(**leaves), return_final_states=True)
     (out.float().sum() + final.sum()).backward()
     assert [family for family, _ in launches.calls] == ["ssd_fwd", "ssd_bwd"]
+    assert launches.calls[0][1]["workspace"].numel() == 1024  # the forward's, for a split along L
     kw = launches.calls[1][1]
     assert kw["dfinal_states"].shape == (1, 4, 64, 64) and kw["dD"].shape == (4,) and "dz" not in kw
     assert kw["dinitial_states"].shape == (1, 4, 64, 64) and kw["workspace"].numel() == 1024

@@ -179,20 +179,30 @@ def _enqueue(drv, device: int, kernel: LoadedKernel, call: BoundCall, handle: in
 def _launch_steps(plan: CompositePlan, kwargs: dict, handle: int) -> None:
     """A composite family: validate and check every step (and that each is built), find the one device of all their
     arrays and load every step's kernel on it, then launch them in order (so a refused call launches nothing)."""
-    bound = []
-    for family, call in _call_plan(plan.steps, plan, kwargs):
-        variant_key = _checked(family, call)
-        if 0 not in call.grid:
-            bound.append((PLANS[family], call, variant_key))
+    bound, every_array, known_device = _validated_steps(plan, kwargs)
     if not bound:
         return
     drv = driver.get()
-    every_array = BoundCall({}, (1, 1, 1), {}, tuple(a for _, call, _ in bound for a in call.inputs + call.outputs), ())
-    device = _device_of(drv, every_array, handle, None)
+    device = _device_of(drv, every_array, handle, known_device)
     kernels = [_kernels.get((step_plan.family, variant_key, device)) or _load(drv, step_plan, call, device, handle)
                for step_plan, call, variant_key in bound]
     for kernel, (_, call, _) in zip(kernels, bound):
         _enqueue(drv, device, kernel, call, handle, None)
+
+
+def _validated_steps(plan: CompositePlan, kwargs: dict) -> tuple[list, BoundCall, int | None]:
+    """``plan.steps`` with every step checked, remembered for repeated identical calls like :func:`_validated`.
+    Returns the non-empty steps as (step plan, call, variant key), one call holding every array of the steps (for
+    the device check) and their device when every array names it."""
+    def validate(memoisable: bool):
+        bound = []
+        for family, call in _call_plan(plan.steps, plan, kwargs):
+            variant_key = _checked(family, call)
+            if 0 not in call.grid:
+                bound.append((PLANS[family], call, variant_key))
+        arrays = tuple(a for _, call, _ in bound for a in call.inputs + call.outputs)
+        return bound, BoundCall({}, (1, 1, 1), {}, arrays, ()), _one_device(arrays)
+    return _remembered(plan, kwargs, validate)
 
 
 def _validated(plan: LaunchPlan, kwargs: dict) -> tuple[BoundCall, tuple, int | None, dict | None]:
@@ -206,21 +216,33 @@ def _validated(plan: LaunchPlan, kwargs: dict) -> tuple[BoundCall, tuple, int | 
     of the host work. Unhashable arguments (e.g. a list) just skip the memo. A non-empty call whose
     constants no installed manifest has raises :class:`VariantNotFoundError` (checked on a memo miss only).
     """
+    def validate(memoisable: bool):
+        call = _call_plan(plan.bind, plan, kwargs)
+        return (call, _checked(plan.family, call), _one_device(call.inputs + call.outputs),
+                {} if memoisable else None)
+    return _remembered(plan, kwargs, validate)
+
+
+def _remembered(plan: LaunchPlan, kwargs: dict, validate):
+    """``validate(memoisable)`` for this call, or its result for an identical recent call (see :func:`_validated`)."""
     key = (plan.family, *kwargs.items())
     try:
         memo = _recent_calls.get(key)
     except TypeError:
         key, memo = None, None
     if memo is None:
-        call = _call_plan(plan.bind, plan, kwargs)
-        variant_key = _checked(plan.family, call)
-        devices = {a.device for a in call.inputs + call.outputs}
-        memo = (call, variant_key, devices.pop() if len(devices) == 1 else None, {} if key is not None else None)
+        memo = validate(key is not None)
         if key is not None:
             if len(_recent_calls) >= _RECENT_CALLS_MAX:
                 _recent_calls.clear()
             _recent_calls[key] = memo
     return memo
+
+
+def _one_device(arrays) -> int | None:
+    """The arrays' device when they all name the same one, else None."""
+    devices = {a.device for a in arrays}
+    return devices.pop() if len(devices) == 1 else None
 
 
 def _call_plan(fn, plan: LaunchPlan, kwargs: dict):
@@ -251,10 +273,13 @@ def _keyword_error(plan: LaunchPlan, kwargs: dict) -> InvalidArgumentError | Non
     from elsewhere). The signature is read once per plan, and only on this error path."""
     entry = _keywords.get(plan)
     if entry is None:
-        params = inspect.signature(plan.steps if isinstance(plan, CompositePlan) else plan.bind).parameters.values()
-        named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-        entry = _keywords[plan] = (tuple(p.name for p in named), tuple(p.name for p in named if p.default is p.empty),
-                                   any(p.kind == p.VAR_KEYWORD for p in params))
+        # a composite's steps may take some keywords and pass the rest (**kwargs) to its bind: both signatures count
+        signatures = [inspect.signature(fn).parameters.values()
+                      for fn in ((plan.steps, plan.bind) if isinstance(plan, CompositePlan) else (plan.bind,))]
+        named = {p.name: p for params in signatures for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD,
+                                                                                   p.KEYWORD_ONLY)}
+        entry = _keywords[plan] = (tuple(named), tuple(n for n, p in named.items() if p.default is p.empty),
+                                   all(any(p.kind == p.VAR_KEYWORD for p in params) for params in signatures))
     accepted, required, open_ended = entry
     accepts = f"{plan.family} accepts: {', '.join(accepted)}, stream"
     unknown = [] if open_ended else [name for name in kwargs if name not in accepted]

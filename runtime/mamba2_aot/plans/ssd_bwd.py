@@ -1,4 +1,4 @@
-"""Launch plan of ``ssd_bwd``: the Mamba-2 chunked SSD backward (BRIEF §2 "ssd_bwd"), four launches in order.
+"""Launch plan of ``ssd_bwd``: the Mamba-2 chunked SSD backward (BRIEF §2 "ssd_bwd"), four steps in order.
 
 Call::
 
@@ -34,10 +34,11 @@ outside every cu_seqlens sequence; dout must be finite there. Nothing is accumul
 overwritten. No gradient, and not the workspace, may overlap an input or another output (checked across the
 four launches). There are no gradients for ``ssd_fwd``'s ``chunk_states`` or final-state pools.
 
-Launches (one stream, in order; everything validated before the first):
+Steps (launches on one stream, in order; everything validated before the first):
 
 1. ``ssd_fwd`` recomputes the forward with ``chunk_size`` 64: the state after every 64-token block
-   (``workspace.states``) and y before the z gate (``workspace.y``);
+   (``workspace.states``) and y before the z gate (``workspace.y``); split along L as a forward call would be
+   (plans/ssd_fwd.py: two launches, the entering states among ``workspace.states``);
 2. ``ssd_bwd_dstates`` walks each sequence backwards: the state gradient after every block (``workspace.dstates``)
    and ``dinitial_states``;
 3. ``ssd_bwd_chunk``, one CTA per (64-token block, group, row, head split): dx, ddt, dz, dB, dC and per-block
@@ -57,12 +58,12 @@ from __future__ import annotations
 import functools
 import math
 
-from ..errors import AlignmentError, InvalidArgumentError, ShapeError
+from ..errors import InvalidArgumentError, ShapeError
 from ..tensors import DeviceArray, ITEMSIZE, as_device_array
 from ..validation import (BoundCall, check_call, expect_dtype, expect_given, expect_rank, expect_shape,
                           expect_complete, expect_state_blocks, null_absent, record_strides, stride_names)
 from .base import CompositePlan, LaunchPlan
-from .ssd_fwd import IO_DTYPES, SsdForwardPlan, expect_vector_operand
+from .ssd_fwd import IO_DTYPES, SsdForwardPlan, expect_vector_operand, expect_workspace, split_call
 from .ssm_inputs import SSM_STRIDES, expect_groups
 
 BLOCK = 64         # tokens per block of the backward (and of the recomputed forward's states)
@@ -234,17 +235,11 @@ class SsdBackwardPlan(CompositePlan):
         d_state = B.shape[3]
         io = x.dtype
         ws = Workspace(batch, seqlen, nheads, headdim, ngroups, d_state, io)
-        expect_dtype(workspace, ("fp32",))
-        expect_rank(workspace, 1, "(n,)")
-        if workspace.shape[0] * 4 < ws.size or (workspace.shape[0] > 1 and workspace.strides[0] != 1):
-            raise ShapeError("workspace", f"workspace: needs {ws.size // 4} contiguous fp32 elements "
-                             f"(workspace_size('ssd_bwd', ...) = {ws.size} bytes), got shape {workspace.shape} "
-                             f"strides {workspace.strides}")
-        if workspace.ptr % 16:
-            raise AlignmentError("workspace", f"workspace: data pointer {workspace.ptr:#x} must be 16-byte aligned")
+        expect_workspace(workspace, "ssd_bwd", ws.size)
         views = ws.views(workspace)
 
-        # 1. the forward, recomputed: its validation is the forward's own
+        # 1. the forward, recomputed: its validation is the forward's own (and so is its split along L, which
+        # leaves the entering states among the recomputed states)
         forward = SsdForwardPlan().bind(
             x=x, dt=dt, A=A, B=B, C=C, out=views["out"], chunk_size=BLOCK, D=D, dt_bias=dt_bias,
             dt_softplus=dt_softplus, dt_limit=dt_limit, initial_states=initial_states,
@@ -387,5 +382,5 @@ class SsdBackwardPlan(CompositePlan):
         written = (dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states, workspace)
         check_call(BoundCall({}, (1, 1, 1), {}, tuple(a for a in read if a is not None),
                              tuple(a for a in written if a is not None)))
-        return [("ssd_fwd", forward), ("ssd_bwd_dstates", states_call), ("ssd_bwd_chunk", chunk_call),
-                ("ssd_bwd_reduce", reduce_call)]
+        return ([("ssd_fwd", step) for step in split_call(forward, None)]
+                + [("ssd_bwd_dstates", states_call), ("ssd_bwd_chunk", chunk_call), ("ssd_bwd_reduce", reduce_call)])

@@ -5,7 +5,7 @@ Call::
     launch("ssd_fwd", x=x, dt=dt, A=A, B=B, C=C, out=out, chunk_size=256, D=None, z=None, dt_bias=None,
            dt_softplus=False, dt_limit=(0.0, inf), initial_states=None, initial_state_indices=None,
            final_states=None, final_state_indices=None, chunk_states=None, seq_idx=None, cu_seqlens=None,
-           stream=None)
+           workspace=None, stream=None)
 
 =====================  ==============================  ============  ===========================================
 argument               shape                           dtype         notes
@@ -31,6 +31,8 @@ chunk_states           (batch, nchunks, H, P, N)       fp32          written: th
 seq_idx                (batch, L) or None              int32         packed sequences: a new sequence where the
                                                                      value changes along L (non-decreasing)
 cu_seqlens             (num_seqs + 1,) or None         int32         packed sequences along L, batch == 1
+workspace              (n,) or None                    fp32          scratch for a split call (below); 16-byte
+                                                                     aligned, contiguous
 =====================  ==============================  ============  ===========================================
 
 ``nchunks = ceil(L / chunk_size)``; chunk_size is 64, 128 or 256 and only places ``chunk_states`` (the kernel
@@ -53,7 +55,17 @@ can reach another sequence that shares its 64-token block (the block's products 
 zero outside the sequence), and so can one in rows outside every sequence: those of x and B must be finite
 (conv1d_fwd writes them as zeros); padding past L is zero-filled and never contributes.
 
-No workspace. One CTA per (64 rows of P, head, row or sequence): grid rule ``headdim/64,heads,sequences``.
+One CTA per (64 rows of P, head, row or sequence) walks its tokens in order: grid rule
+``headdim/64,heads,sequences``. When that gives too few CTAs to fill the GPU (batch × heads × headdim/64 at most
+half of :data:`CTA_SLOTS`), a call is split along L into ``segments`` (:func:`plan_segments`), in two launches:
+a states-only pass (the state recurrence alone: no C·Bᵀ, no outputs) walks the first segments and leaves the
+state entering each later segment, then every segment runs at once from its entering state. The entering states
+go to ``chunk_states`` when the call asks for them (segments then start on chunk boundaries), else to the
+workspace: ``workspace_size("ssd_fwd", x=x, B=B)`` bytes (batch · (segments - 1) · H · P · N fp32; 0 when the
+call is not split). Without a workspace, or with a smaller one, the call is split into as many segments as it
+holds (a workspace sized for one call serves every call). The results are bitwise those of the unsplit call
+(the same operations in the same order). Calls with ``seq_idx`` or ``cu_seqlens``, and calls that read and
+write one state pool in place, are not split.
 """
 from __future__ import annotations
 
@@ -61,9 +73,10 @@ import math
 
 from ..errors import AlignmentError, InvalidArgumentError, ShapeError, StrideError
 from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_complete, expect_dim, expect_dt_limit,
-                          expect_dtype, expect_given, expect_int, expect_shape, null_absent,
+                          expect_dtype, expect_given, expect_int, expect_rank, expect_shape, null_absent,
                           expect_state_blocks, record_strides, stride_names)
-from .base import LaunchPlan
+from ..tensors import DeviceArray, as_device_array
+from .base import CompositePlan
 from .sequence_states import bind_cu_seqlens, bind_sequence_states, state_dtype
 from .ssm_inputs import SSM_STRIDES, bind_ssm_inputs, x_shape
 
@@ -73,17 +86,39 @@ CHUNK_SIZES = (64, 128, 256)
 P_TILE = 64   # head-dim rows per CTA (the grid rule's "headdim/64")
 VECTOR = 8    # elements per 16-byte vector copy of x, B, C
 STATE_ARRAYS = ("initial_states", "initial_state_indices", "final_states", "final_state_indices")
+BLOCK = 64    # tokens per block of the kernel's walk: segments start on block boundaries
+# CTAs the GPU runs at once: two per SM (one for d_state 256) on an H100 / H200 (132 SMs); B200 has 148
+CTA_SLOTS = 2 * 132
+MIN_SEGMENT = 256  # tokens: shorter segments do not pay for the second launch
 
 
-class SsdForwardPlan(LaunchPlan):
+def plan_segments(batch: int, seqlen: int, nheads: int, headdim: int, d_state: int, align: int = BLOCK,
+                  most: int | None = None) -> tuple[int, int]:
+    """(segments, segment_len) of a call: how many segments of L its rows are split into, and their length in
+    tokens (a multiple of ``align``; the last segment may be shorter). One segment when the call's CTAs already
+    fill at least half of the GPU's CTA slots, or when L is short; else as many as the free slots take, at most
+    ``most``."""
+    ctas = batch * nheads * (headdim // P_TILE)
+    slots = CTA_SLOTS if d_state <= 128 else CTA_SLOTS // 2
+    wanted = min(slots // max(ctas, 1), seqlen // MIN_SEGMENT, -(-seqlen // align))
+    if most is not None:
+        wanted = min(wanted, most)
+    if wanted < 2:
+        return 1, seqlen
+    segment_len = -(-seqlen // (wanted * align)) * align
+    return -(-seqlen // segment_len), segment_len
+
+
+class SsdForwardPlan(CompositePlan):
     family = "ssd_fwd"
+    step_families = ("ssd_fwd",)
     grid_rule = "headdim/64,heads,sequences"
     param_names = (
         ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "out",
          "initial_states", "initial_state_indices", "final_states", "final_state_indices",
          "chunk_states", "seq_idx", "cu_seqlens",
          "batch", "seqlen", "nheads", "heads_per_group", "num_seqs",
-         "num_initial_slots", "num_final_slots", "chunk_size", "nchunks")
+         "num_initial_slots", "num_final_slots", "chunk_size", "nchunks", "segments", "segment_len", "states_only")
         + SSM_STRIDES
         + stride_names("initial_states", "slot", "head") + stride_names("initial_state_indices", "seq")
         + stride_names("final_states", "slot", "head") + stride_names("final_state_indices", "seq")
@@ -95,12 +130,32 @@ class SsdForwardPlan(LaunchPlan):
            "dt_min", "dt_max")
     )
     arrays = ("x", "dt", "A", "B", "C", "out", "D", "z", "dt_bias", "chunk_states", "seq_idx",
-              "cu_seqlens") + STATE_ARRAYS
+              "cu_seqlens", "workspace") + STATE_ARRAYS
+
+    def workspace_size(self, *, x=None, B=None, **_) -> int:
+        """Bytes of workspace for a call with these x (batch, L, H, P) and B (batch, L, G, N) (any array objects):
+        what its split needs (0 when it is not split)."""
+        expect_given(x=x, B=B)
+        x, B = as_device_array(x, "x"), as_device_array(B, "B")
+        expect_rank(x, 4, "(batch, seqlen, nheads, headdim)")
+        expect_rank(B, 4, "(batch, seqlen, ngroups, d_state)")
+        batch, seqlen, nheads, headdim = x.shape
+        segments, _ = plan_segments(batch, seqlen, nheads, headdim, B.shape[3])
+        return (segments - 1) * _entering_state_bytes(batch, nheads, headdim, B.shape[3])
+
+    def steps(self, *, workspace=None, **kwargs) -> list[tuple[str, BoundCall]]:
+        """Validate a call (see the module docstring) and bind its launches: the call itself, or a split call's
+        states-only pass and its segments. Raises the InvalidArgumentError subclasses."""
+        call = self.bind(**kwargs)
+        if workspace is not None:
+            expect_workspace(workspace, "ssd_fwd")
+        return [(self.family, step) for step in split_call(call, workspace)]
 
     def bind(self, *, x, dt, A, B, C, out, chunk_size=256, D=None, z=None, dt_bias=None, dt_softplus=False,
              dt_limit=(0.0, math.inf), initial_states=None, initial_state_indices=None, final_states=None,
              final_state_indices=None, chunk_states=None, seq_idx=None, cu_seqlens=None) -> BoundCall:
-        """Validate a call (see the module docstring). Raises the InvalidArgumentError subclasses."""
+        """Validate a call (see the module docstring) and bind it as one launch, not split. Raises the
+        InvalidArgumentError subclasses."""
         chunk_size = expect_int("chunk_size", chunk_size, minimum=1)
         if chunk_size not in CHUNK_SIZES:
             raise InvalidArgumentError("chunk_size", f"chunk_size: expected one of {CHUNK_SIZES}, got {chunk_size}")
@@ -121,7 +176,8 @@ class SsdForwardPlan(LaunchPlan):
         for arr in (x, z, B, C, out):
             if arr is not None:
                 expect_vector_operand(arr)
-        params.update(batch=batch, seqlen=seqlen, nheads=nheads, nchunks=-(-seqlen // chunk_size))
+        params.update(batch=batch, seqlen=seqlen, nheads=nheads, nchunks=-(-seqlen // chunk_size), segments=1,
+                      segment_len=seqlen, states_only=0)
         outputs = [out]
 
         # sequences: where they come from, how many there are, and how many CTAs walk them (grid z)
@@ -180,6 +236,66 @@ class SsdForwardPlan(LaunchPlan):
             inputs=tuple(inputs),
             outputs=tuple(outputs),
         )
+
+
+def _entering_state_bytes(batch: int, nheads: int, headdim: int, d_state: int) -> int:
+    """Workspace bytes per segment after the first: the fp32 state entering it, per (row, head)."""
+    return batch * nheads * headdim * d_state * 4
+
+
+def split_call(call: BoundCall, workspace: DeviceArray | None) -> list[BoundCall]:
+    """``call`` (bound by :meth:`SsdForwardPlan.bind`) as its launches: itself, or split along L (module
+    docstring) into a states-only pass and the segments. The entering states go to the call's chunk_states, or
+    to ``workspace`` (the segments it holds)."""
+    p = call.params
+    in_place = p["has_initial_states"] and p["initial_states"] == p["final_states"]
+    if p["has_seq_idx"] or p["has_cu_seqlens"] or in_place:
+        return [call]
+    batch, seqlen, nheads = p["batch"], p["seqlen"], p["nheads"]
+    headdim, d_state = call.constants["headdim"], call.constants["d_state"]
+    if p["has_chunk_states"]:
+        align, most = p["chunk_size"], None
+        entering = next(a for a in call.outputs if a.name == "chunk_states")
+    else:
+        align = BLOCK
+        capacity = 0 if workspace is None else workspace.shape[0] * 4
+        most = 1 + capacity // _entering_state_bytes(batch, nheads, headdim, d_state)
+    segments, segment_len = plan_segments(batch, seqlen, nheads, headdim, d_state, align, most)
+    if segments < 2:
+        return [call]
+    if not p["has_chunk_states"]:
+        shape = (batch, segments - 1, nheads, headdim, d_state)
+        strides = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+        entering = DeviceArray("workspace", workspace.ptr, shape, strides, "fp32", workspace.device,
+                               readonly=workspace.readonly, stream=workspace.stream)
+    at_entering = {"chunk_states": entering.ptr, "stride_chunk_states_batch": entering.strides[0],
+                   "stride_chunk_states_chunk": entering.strides[1], "stride_chunk_states_head": entering.strides[2]}
+    if not p["has_chunk_states"]:
+        at_entering.update(chunk_size=segment_len, nchunks=segments - 1)
+    # the states-only pass: the first segments as one shorter call, its chunk states the entering states
+    walked = (segments - 1) * segment_len
+    states_pass = dict(p, **at_entering, seqlen=walked, segment_len=walked, states_only=1, has_chunk_states=1,
+                       has_final_states=0, has_final_state_indices=0)
+    # (every input of the call: the entering states it writes must overlap none of them)
+    first = BoundCall(call.constants, call.grid, states_pass, inputs=call.inputs, outputs=(entering,))
+    segmented = dict(p, **at_entering, segments=segments, segment_len=segment_len)
+    grid_x, grid_y, rows = call.grid
+    second = BoundCall(call.constants, (grid_x, grid_y, rows * segments), segmented,
+                       inputs=call.inputs + ((entering,) if not p["has_chunk_states"] else ()),
+                       outputs=call.outputs)
+    return [first, second]
+
+
+def expect_workspace(workspace: DeviceArray, family: str, needed: int = 0) -> None:
+    """A workspace: 1-D fp32, contiguous, 16-byte aligned, and at least ``needed`` bytes."""
+    expect_dtype(workspace, ("fp32",))
+    expect_rank(workspace, 1, "(n,)")
+    if workspace.shape[0] * 4 < needed or (workspace.shape[0] > 1 and workspace.strides[0] != 1):
+        raise ShapeError("workspace", f"workspace: needs {-(-needed // 4)} contiguous fp32 elements "
+                         f"(workspace_size({family!r}, ...) = {needed} bytes), got shape {workspace.shape} "
+                         f"strides {workspace.strides}")
+    if workspace.ptr % 16:
+        raise AlignmentError("workspace", f"workspace: data pointer {workspace.ptr:#x} must be 16-byte aligned")
 
 
 def expect_vector_operand(arr) -> None:
