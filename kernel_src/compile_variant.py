@@ -31,6 +31,7 @@ def compile_variant(family: str, constants: dict, arch: str) -> tuple[bytes, dic
     import cutlass.cute as cute
 
     kernel = kernel_class(family)(**constants)
+    kernel.target_arch = arch  # a kernel may specialise on it (ssd_fwd: warpgroup MMAs on sm_90a)
     params = kernel.params()
     placeholders = [abi.placeholder(p) for p in params]
     with tempfile.TemporaryDirectory() as dump_dir:

@@ -16,9 +16,11 @@ inputs contribute nothing; padding past L is zero-filled).
 One CTA owns one (64-row slice of P, head, sequence source) and walks its tokens in blocks of 64 aligned
 to the row, carrying the fp32 state h (64 × N) in the MMA accumulators; x, z, B, C of a block are loaded
 with cp.async (two CTAs per SM overlap one's loads with the other's work). The products C·Bᵀ,
-[S | e ⊙ C]·[x ; h₀ᵀ] (e_t = 2^(cs_t - cs_0-)) and (Δ-weighted x)ᵀ·B are bf16/fp16 warp MMAs (mma.sync
-m16n8k16, sm_80 and later) with fp32 accumulation; h is rounded to the I/O dtype only as an MMA operand for
-the C·h₀ᵀ term (as in the Triton kernels), never in the carried state. No per-chunk state goes through HBM
+[S | e ⊙ C]·[x ; h₀ᵀ] (e_t = 2^(cs_t - cs_0-)) and (Δ-weighted x)ᵀ·B are bf16/fp16 tensor-core MMAs with fp32
+accumulation: on sm_90a (N <= 128: one warpgroup) Hopper warpgroup MMAs reading both operands from the shared
+tiles, elsewhere warp MMAs (mma.sync m16n8k16 from ldmatrix fragments; sm_100a has no wgmma); h is rounded
+to the I/O dtype only as an MMA operand for the C·h₀ᵀ term (as in the Triton kernels), never in the carried
+state. No per-chunk state goes through HBM
 (a split call, below, stores one state per segment).
 
 Sequence sources (the CTA's z index): row z of a (batch, L) input; sequence z of ``cu_seqlens`` (B == 1);
@@ -41,9 +43,9 @@ from cutlass import Float32, Int32
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
 from kernel_src.families import expect_constants
-from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, async_tile_copy, block_cumsum, load_tile,
-                                  mask_bit, mn_view, next_change, scale_row, smem_layout, source_tokens, store_pairs,
-                                  store_state, transposed, vec, view)
+from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, WarpgroupMmaParts, async_tile_copy,
+                                  block_cumsum, fence_operands, load_tile, mask_bit, mn_view, next_change, scale_row,
+                                  smem_layout, source_tokens, store_pairs, store_state, transposed, vec, view)
 from kernel_src.ssm_math import delta_from_dt, silu_approx
 
 P_TILE = 64      # head-dim rows per CTA
@@ -58,6 +60,7 @@ class SsdForward:
     d_states = (64, 128, 256)
     io_dtypes = ("bf16", "fp16")
     state_dtypes = ("fp32", "bf16", "fp16")
+    target_arch = None  # set by the build (compile_variant) before compiling
 
     def __init__(self, headdim: int, d_state: int, io_dtype: str, state_dtype: str):
         expect_constants(self, headdim=headdim, d_state=d_state, io_dtype=io_dtype, state_dtype=state_dtype)
@@ -72,6 +75,13 @@ class SsdForward:
         self.block = (self.threads, 1, 1)
         self.cluster = (1, 1, 1)
         self.dynamic_smem = self._shared_storage(cutlass_dtype(io_dtype)).size_in_bytes()
+
+    def _mma(self, io_type, tid):
+        """sm_90a with one warpgroup (N <= 128): warpgroup MMAs from the shared tiles; else warp MMAs (sm_100a has
+        no wgmma)."""
+        if self.target_arch == "sm_90a" and self.warps == (2, 2):
+            return WarpgroupMmaParts(io_type, tid)
+        return MmaParts(io_type, self.warps, tid)
 
     def _scratch_floats(self):
         """One buffer holds S, the weighted x and the decayed C while the products run, then y (fp32)."""
@@ -172,7 +182,7 @@ class SsdForward:
         sCs = storage.cs.get_tensor(cute.make_layout((TILE,)))
         sChanges = storage.changes.get_tensor(cute.make_layout((2,)))
 
-        mma = MmaParts(io_type, self.warps, tid)
+        mma = self._mma(io_type, tid)
         g2s = async_tile_copy(io_type, self.threads)
         gx = x[row, None, h, None]
         gz = z[row, None, h, None]
@@ -232,6 +242,7 @@ class SsdForward:
                                             bias, A_log2, sDelta, sCs, sChanges, lane)
                 dt_next0, dt_next1, seq_next0, seq_next1 = self._load_raw(a, dt, seq_idx, row, h, blk + 1, lane, L)
             cute.arch.cp_async_wait_group(0)
+            fence_operands(mma)  # (and h₀ of the last block)
             cute.arch.sync_threads()  # the block's tiles, Δ and cumsums are in shared memory
 
             changes_lo = sChanges[0]
@@ -245,6 +256,7 @@ class SsdForward:
                     self._end_sequence(a, states, mma, acc_h, seq, h, p0, state_type)
                     seq = seq + 1
                     self._begin_sequence(a, states, mma, acc_h, sH, seq, h, p0, io_type)
+                    fence_operands(mma)
                 cute.arch.sync_threads()  # h₀ in shared memory, and every warp done with the last segment
                 self._segment(a, work, out, row, h, ptile, block_start, seg, seg_end, tid, io_type)
                 seg = seg_end
@@ -371,6 +383,7 @@ class SsdForward:
         row_decay = cute.math.exp2(cute.math.min(sCs[s] - base, zero), fastmath=True)
         scale_row(sC, sCe, s, tid % per_row, per_row, row_decay, io_type)
         self._weigh_rows(sX, sXw, sDelta, sCs, s0, s1, cs_end, tid, io_type)
+        fence_operands(mma)
         cute.arch.sync_threads()  # S, e ⊙ C and the weighted x are complete
 
         acc_y = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P_TILE)), Float32)
@@ -453,6 +466,7 @@ class SsdForward:
             base = sCs[s0 - 1]
         cs_end = sCs[s1 - 1]
         self._weigh_rows(here[0], sXw, sDelta, sCs, s0, s1, cs_end, tid, io_type)
+        fence_operands(mma)  # (and the block's tiles)
         cute.arch.sync_threads()  # the weighted x
         self._advance_state(mma, acc_h, sXw, here[1], base, cs_end)
         last = block_start + s1 - 1

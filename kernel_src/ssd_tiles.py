@@ -6,7 +6,8 @@ that split a block at sequence boundaries."""
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
-from cutlass.cute.nvgpu import cpasync, warp
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warp, warpgroup
 
 from kernel_src.ssm_math import warp_inclusive_scan
 
@@ -104,6 +105,52 @@ class MmaParts:
             cute.gemm(self.tiled, acc, frag_A[None, None, k], frag_B[None, None, k], acc)
 
 
+class WarpgroupMmaParts:
+    """Hopper warpgroup MMA (wgmma, sm_90a only; one warpgroup of 4 warps, fp32 accumulation) with
+    :class:`MmaParts`' interface: ``gemm`` reads both operands straight from the shared tiles (``smem_layout``'s
+    128-byte swizzle is the wgmma canonical one; a transposed view is an M- / N-major operand), so there are no
+    ldmatrix copies and one instruction covers 64 × 64 × 16."""
+
+    def __init__(self, io_type, tid):
+        def tiled(a_major, b_major):
+            mma = sm90_utils.make_trivial_tiled_mma(io_type, io_type, a_major, b_major, Float32, (1, 1, 1), (64, 64))
+            # always D += A·B (callers zero a fresh accumulator); set here, outside the kernels' loops: the flag
+            # is state of the object, which a loop body must not rebind
+            mma.set(warpgroup.Field.ACCUMULATE, True)
+            return mma
+        k, mn = OperandMajorMode.K, OperandMajorMode.MN
+        self.by_major = {(False, False): tiled(k, k), (False, True): tiled(k, mn), (True, True): tiled(mn, mn)}
+        self.thr = self.by_major[(False, False)].get_slice(tid)  # the accumulators' layout: the same for all
+        self.tid = tid
+        self.io_type = io_type
+
+    def _operand(self, tile):
+        # the element-offset swizzle of smem_layout as a byte swizzle on the pointer, where the descriptors want it
+        return cute.make_tensor(cute.recast_ptr(tile.iterator, cute.make_swizzle(3, 4, 3), dtype=self.io_type),
+                                tile.layout.outer)
+
+    @cute.jit
+    def gemm(self, acc, sA, sB, k_blocks: cutlass.Constexpr, a_transposed: cutlass.Constexpr = False,
+             b_transposed: cutlass.Constexpr = False):
+        """acc (M × N) += sA (M × K) · sB (N × K)ᵀ, as :meth:`MmaParts.gemm`; waits for the result."""
+        tiled_mma = self.by_major[(a_transposed, b_transposed)]
+        thr = tiled_mma.get_slice(self.tid)
+        frag_A = tiled_mma.make_fragment_A(thr.partition_A(self._operand(sA)))
+        frag_B = tiled_mma.make_fragment_B(thr.partition_B(self._operand(sB)))
+        warpgroup.fence()  # the accumulators' register writes before the asynchronous MMAs
+        for k in cutlass.range_constexpr(k_blocks):
+            cute.gemm(tiled_mma, acc, frag_A[None, None, k], frag_B[None, None, k], acc)
+        warpgroup.commit_group()
+        warpgroup.wait_group(0)
+
+
+def fence_operands(mma):
+    """Before the barrier that publishes shared tiles to ``mma``: wgmma reads them through the async proxy, so
+    this thread's ordinary (and cp.async) writes are fenced for it; warp MMAs read them with ordinary loads."""
+    if isinstance(mma, WarpgroupMmaParts):
+        cute.arch.fence_proxy("async.shared", space="cta")
+
+
 def smem_layout(shape):
     """Rows of 64 16-bit elements (128 B) with the 3-bit swizzle ldmatrix reads without bank conflicts."""
     atom = cute.make_composed_layout(cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1)))
@@ -136,10 +183,18 @@ def store_pairs(frag, smem, dtype: cutlass.Constexpr):
 
 def mn_view(acc):
     """An MMA accumulator (or its partition of a tile) as (rows, columns) of the thread's fragment
-    (the view the CuTe DSL flash-attention example uses): ((2, MMA_M), (2, MMA_N))."""
+    (the view the CuTe DSL flash-attention example uses): ((2, MMA_M), (2, MMA_N)) for a warp MMA, whose
+    value mode is (column pair, row half); ((2, MMA_M), (2, (n / 8, MMA_N))) for an m64nN warpgroup MMA, whose
+    value mode adds the n / 8 column blocks."""
     shape = cute.make_layout(acc.layout.shape)
-    rows_cols = cute.make_layout(((shape.shape[0][1], shape.shape[1]), (shape.shape[0][0], shape.shape[2])),
-                                 stride=((shape.stride[0][1], shape.stride[1]), (shape.stride[0][0], shape.stride[2])))
+    value_shape, value_stride = shape.shape[0], shape.stride[0]
+    rows = ((value_shape[1], shape.shape[1]), (value_stride[1], shape.stride[1]))
+    if cutlass.const_expr(len(value_shape) == 2):
+        cols = ((value_shape[0], shape.shape[2]), (value_stride[0], shape.stride[2]))
+    else:
+        cols = ((value_shape[0], (value_shape[2], shape.shape[2])),
+                (value_stride[0], (value_stride[2], shape.stride[2])))
+    rows_cols = cute.make_layout((rows[0], cols[0]), stride=(rows[1], cols[1]))
     return cute.make_tensor(acc.iterator, cute.composition(acc.layout, rows_cols))
 
 
