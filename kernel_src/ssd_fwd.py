@@ -116,8 +116,8 @@ class SsdForward:
     @cute.jit
     def __call__(self, args: tuple, stream):
         a = bind(self.params(), args)
-        # The grid here only serves the compile: the runtime's plan launches z = batch rows, or one z per
-        # sequence with cu_seqlens (grid rule "headdim/64,heads,sequences").
+        # The grid here only serves the compile: the runtime's plan launches z = batch rows (times the segments of
+        # a split call), or one z per sequence with cu_seqlens (grid rule "headdim/64,heads,sequences").
         self.kernel(args).launch(grid=[self.headdim // P_TILE, a.nheads, a.batch], block=list(self.block),
                                  smem=self.dynamic_smem, stream=stream, min_blocks_per_mp=self.min_ctas_per_sm,
                                  preferred_smem_carveout=0)
@@ -229,9 +229,10 @@ class SsdForward:
             dt_next0, dt_next1, seq_next0, seq_next1 = self._load_raw(a, dt, seq_idx, row, h, blk_first, lane, L)
 
         if a.states_only != 0:
-            walk = (a, states, mma, acc_h, (g2s, tid, gx, gB, ident_x, ident_BC, ptile, L), sXw, sDelta, sCs, sChanges,
-                    dt, seq_idx, row, h, p0, start, end, blk_end, bias, A_log2, warp_id, lane)
-            self._walk_states(walk, blk_first, blk_end, (sX, sB), (sZ, sC), dt_next0, dt_next1, io_type)
+            loads = (g2s, tid, gx, gB, ident_x, ident_BC, ptile, L)
+            walk = (a, states, mma, acc_h, sXw, sDelta, sCs, sChanges, dt, seq_idx, row, h, p0, start, end, blk_end,
+                    bias, A_log2, warp_id, lane)
+            self._walk_states(walk, loads, blk_first, blk_end, (sX, sB), (sZ, sC), dt_next0, dt_next1, io_type)
             blk_end = blk_first  # (nothing left for the walk with outputs)
 
         for blk in range(blk_first, blk_end):
@@ -420,22 +421,22 @@ class SsdForward:
                  a_transposed=True, b_transposed=True)
 
     @cute.jit
-    def _walk_states(self, walk, blk_first, blk_end, first, second, dt0, dt1, io_type: cutlass.Constexpr):
+    def _walk_states(self, walk, loads, blk_first, blk_end, first, second, dt0, dt1, io_type: cutlass.Constexpr):
         """A states-only pass: h over blocks [blk_first, blk_end) with no outputs, the chunk states stored. Two
         blocks per iteration, x and B double-buffered (``first``, ``second``: the (x, B) tiles of the outputs' x
         and B, and of z and C, which this pass does not use), so each block's loads overlap the previous block's
         work. Sequence changes are not looked at: the runtime sends no packed call here."""
         blk = blk_first
-        self._load_states_tiles(walk, first, blk)
+        self._load_states_tiles(loads, first, blk)
         while blk < blk_end:
-            dt0, dt1 = self._states_block(walk, blk, first, second, dt0, dt1, io_type)
+            dt0, dt1 = self._states_block(walk, loads, blk, first, second, dt0, dt1, io_type)
             if blk + 1 < blk_end:
-                dt0, dt1 = self._states_block(walk, blk + 1, second, first, dt0, dt1, io_type)
+                dt0, dt1 = self._states_block(walk, loads, blk + 1, second, first, dt0, dt1, io_type)
             blk = blk + 2
 
     @cute.jit
-    def _load_states_tiles(self, walk, buffers, blk):
-        (g2s, tid, gx, gB, ident_x, ident_BC, ptile, L) = walk[4]
+    def _load_states_tiles(self, loads, buffers, blk):
+        g2s, tid, gx, gB, ident_x, ident_BC, ptile, L = loads
         sX, sB = buffers
         thr = g2s.get_slice(tid)
         load_tile(g2s, thr, gx, ident_x, sX, (TILE, P_TILE), (blk, ptile), L)
@@ -443,15 +444,15 @@ class SsdForward:
         cute.arch.cp_async_commit_group()
 
     @cute.jit
-    def _states_block(self, walk, blk, here, there, dt0, dt1, io_type: cutlass.Constexpr):
+    def _states_block(self, walk, loads, blk, here, there, dt0, dt1, io_type: cutlass.Constexpr):
         """One block of :meth:`_walk_states` from the tiles in ``here``, the next block's loads into ``there``."""
-        (a, states, mma, acc_h, loads, sXw, sDelta, sCs, sChanges, dt, seq_idx, row, h, p0, start, end, blk_end, bias,
+        (a, states, mma, acc_h, sXw, sDelta, sCs, sChanges, dt, seq_idx, row, h, p0, start, end, blk_end, bias,
          A_log2, warp_id, lane) = walk
-        tid, L = loads[1], loads[7]
+        _, tid, _, _, _, _, _, L = loads
         cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()  # this block's tiles are in; every warp done with the previous block's
         if blk + 1 < blk_end:
-            self._load_states_tiles(walk, there, blk + 1)
+            self._load_states_tiles(loads, there, blk + 1)
         seq0 = Int32(0)
         seq1 = Int32(0)
         if warp_id == 0:

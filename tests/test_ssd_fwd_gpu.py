@@ -243,6 +243,29 @@ def test_split_call_matches_oracle():
         assert torch.equal(v, inputs[k]), f"input {k} was written"
 
 
+@pytest.mark.parametrize("state_dtype", ["fp32", "bf16"])
+def test_split_call_reads_and_writes_pools_by_slot(state_dtype):
+    """Split along L with separate initial and final pools by slot index (a negative and an out-of-range read
+    start from zero; a negative write is skipped): bitwise the unsplit call, every other pool slot untouched."""
+    _require(headdim=64, d_state=128, io_dtype="bf16", state_dtype=state_dtype)
+    dtype = TORCH_DTYPES[state_dtype]
+    inputs = _to_cuda(generators.standard_inputs(3, 1500, 2, 64, 128, 1, torch.bfloat16, seed=41, z=True))
+    assert _segments(inputs) > 1
+    initial = torch.randn(6, 2, 64, 128, device="cuda").to(dtype)
+    reads = torch.tensor([4, -1, 6], dtype=torch.int32, device="cuda")
+    writes = torch.tensor([2, -1, 5], dtype=torch.int32, device="cuda")
+    pool = torch.randn(6, 2, 64, 128, device="cuda").to(dtype)
+    results = []
+    for workspace in (False, True):
+        final = pool.clone()
+        got = _run(inputs, workspace=workspace, initial_states=initial,
+                   initial_state_indices=reads, final_states=final, final_state_indices=writes)
+        results.append((got["out"], final))
+    (out, final), (split_out, split_final) = results
+    assert torch.isfinite(out.float()).all() and torch.equal(split_out, out) and torch.equal(split_final, final)
+    assert torch.equal(final[[0, 1, 3, 4]], pool[[0, 1, 3, 4]]) and not torch.equal(final[2], pool[2])
+
+
 @pytest.mark.parametrize("constants", built_constants("ssd_fwd"),
                          ids=lambda c: "-".join(f"{k}{v}" for k, v in sorted(c.items())))
 def test_split_calls_equal_unsplit_calls_bitwise(constants):

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from mamba2_aot import errors, runtime
 from mamba2_aot.plans import PLANS
 from mamba2_aot.tensors import as_device_array
-from runtime_fakes import contiguous, expect_refused, fake_array, no_driver  # noqa: F401  (fixture)
+from runtime_fakes import FakeCAI, contiguous, expect_refused, fake_array, no_driver  # noqa: F401  (fixture)
 
 MB = 1 << 20
 BATCH, L, H, P, N, G = 2, 300, 8, 64, 128, 2
@@ -158,6 +158,34 @@ def test_chunk_states_hold_the_entering_states_without_a_workspace():
     assert first.outputs[0].name == "chunk_states"
 
 
+def test_a_split_that_would_not_pay_is_not_taken():
+    """Segments are multiples of the chunk size when chunk_states hold the entering states: L 513 with Q 256 would
+    be 512 tokens of states-only pass for a 1-token last segment; L 2048 is split in two, as the cost model says."""
+    from mamba2_aot.plans.ssd_fwd import plan_segments
+    assert plan_segments(1, 513, 64, 64, 128, 256) == (1, 513)
+    assert plan_segments(1, 800, 64, 64, 128, 256) == (1, 800)
+    assert plan_segments(1, 2048, 128, 64, 128, 256) == (2, 1024)
+    assert plan_segments(1, 4096, 64, 64, 128) == (4, 1024)  # 64 CTAs: four segments fill the 264 slots
+
+
+def test_workspace_size_is_zero_for_calls_that_are_never_split():
+    args = long_args(heads=128)
+    assert runtime.workspace_size("ssd_fwd", x=args["x"], B=args["B"]) > 0
+    pool = fake_array(1 << 42, (8, 128, P, N), "fp32")
+    for extra in ({"seq_idx": fake_array(1 << 42, (1, 4096), "int32")},
+                  {"cu_seqlens": fake_array(1 << 42, (3,), "int32")},
+                  {"chunk_states": fake_array(1 << 41, (1, 16, 128, P, N), "fp32")},
+                  {"initial_states": pool, "final_states": pool}):
+        assert runtime.workspace_size("ssd_fwd", x=args["x"], B=args["B"], **extra) == 0, extra
+
+
+def test_an_unused_workspace_is_still_checked():
+    """A call that is not split (the GPU full already) keeps the workspace among its arrays, so that a workspace
+    over an output, on another device or read-only is refused whether or not the call is split."""
+    (call,) = steps(**long_args(batch=4))
+    assert call.inputs[-1].name == "workspace"
+
+
 @pytest.mark.parametrize("change", [
     {"batch": 4},                 # 256 CTAs: the GPU is full
     {"seqlen": 500},              # too short for two segments of 256 tokens
@@ -183,6 +211,7 @@ def test_calls_that_are_not_split(change):
     (fake_array(1 << 40, (1024,), "fp32", (2,)), errors.ShapeError, "contiguous fp32"),
     (fake_array((1 << 40) + 4, (1024,), "fp32"), errors.AlignmentError, "16-byte aligned"),
     (fake_array(1 << 32, (1 << 20,), "fp32"), errors.AliasingError, "overlaps x"),  # x's memory
+    (FakeCAI(1 << 40, (1024,), "<f4", (4,), readonly=True), errors.InvalidArgumentError, "read-only"),
 ])
 def test_a_bad_workspace_is_refused(no_driver, workspace, error, fragment):  # noqa: F811
     expect_refused("ssd_fwd", long_args(workspace=workspace), error, "workspace", fragment)

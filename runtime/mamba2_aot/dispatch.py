@@ -179,21 +179,22 @@ def _enqueue(drv, device: int, kernel: LoadedKernel, call: BoundCall, handle: in
 def _launch_steps(plan: CompositePlan, kwargs: dict, handle: int) -> None:
     """A composite family: validate and check every step (and that each is built), find the one device of all their
     arrays and load every step's kernel on it, then launch them in order (so a refused call launches nothing)."""
-    bound, every_array, known_device = _validated_steps(plan, kwargs)
+    bound, every_array, known_device, packed_caches = _validated_steps(plan, kwargs)
     if not bound:
         return
     drv = driver.get()
     device = _device_of(drv, every_array, handle, known_device)
     kernels = [_kernels.get((step_plan.family, variant_key, device)) or _load(drv, step_plan, call, device, handle)
                for step_plan, call, variant_key in bound]
-    for kernel, (_, call, _) in zip(kernels, bound):
-        _enqueue(drv, device, kernel, call, handle, None)
+    for kernel, (_, call, _), packed_cache in zip(kernels, bound, packed_caches):
+        _enqueue(drv, device, kernel, call, handle, packed_cache)
 
 
-def _validated_steps(plan: CompositePlan, kwargs: dict) -> tuple[list, BoundCall, int | None]:
+def _validated_steps(plan: CompositePlan, kwargs: dict) -> tuple[list, BoundCall, int | None, list]:
     """``plan.steps`` with every step checked, remembered for repeated identical calls like :func:`_validated`.
     Returns the non-empty steps as (step plan, call, variant key), one call holding every array of the steps (for
-    the device check) and their device when every array names it."""
+    the device check), their device when every array names it, and each step's cache of packed parameters (one
+    per step: two steps may launch the same kernel)."""
     def validate(memoisable: bool):
         bound = []
         for family, call in _call_plan(plan.steps, plan, kwargs):
@@ -201,7 +202,8 @@ def _validated_steps(plan: CompositePlan, kwargs: dict) -> tuple[list, BoundCall
             if 0 not in call.grid:
                 bound.append((PLANS[family], call, variant_key))
         arrays = tuple(a for _, call, _ in bound for a in call.inputs + call.outputs)
-        return bound, BoundCall({}, (1, 1, 1), {}, arrays, ()), _one_device(arrays)
+        return (bound, BoundCall({}, (1, 1, 1), {}, arrays, ()), _one_device(arrays),
+                [{} if memoisable else None for _ in bound])
     return _remembered(plan, kwargs, validate)
 
 

@@ -63,10 +63,9 @@ from ..tensors import DeviceArray, ITEMSIZE, as_device_array
 from ..validation import (BoundCall, check_call, expect_dtype, expect_given, expect_rank, expect_shape,
                           expect_complete, expect_state_blocks, null_absent, record_strides, stride_names)
 from .base import CompositePlan, LaunchPlan
-from .ssd_fwd import IO_DTYPES, SsdForwardPlan, expect_vector_operand, expect_workspace, split_call
+from .ssd_fwd import BLOCK, IO_DTYPES, SsdForwardPlan, expect_vector_operand, expect_workspace, split_call
 from .ssm_inputs import SSM_STRIDES, expect_groups
 
-BLOCK = 64         # tokens per block of the backward (and of the recomputed forward's states)
 ALIGN = 256        # bytes: alignment of each workspace region
 PARTIAL_EXTRA = 2  # partials[..., P] = dA, [..., P + 1] = ddt_bias
 # ssd_bwd_chunk CTAs to aim for: about one wave of one CTA per SM on an H100 / H200 (132 SMs); B200 has 148

@@ -56,16 +56,18 @@ zero outside the sequence), and so can one in rows outside every sequence: those
 (conv1d_fwd writes them as zeros); padding past L is zero-filled and never contributes.
 
 One CTA per (64 rows of P, head, row or sequence) walks its tokens in order: grid rule
-``headdim/64,heads,sequences``. When that gives too few CTAs to fill the GPU (batch × heads × headdim/64 at most
-half of :data:`CTA_SLOTS`), a call is split along L into ``segments`` (:func:`plan_segments`), in two launches:
-a states-only pass (the state recurrence alone: no C·Bᵀ, no outputs) walks the first segments and leaves the
-state entering each later segment, then every segment runs at once from its entering state. The entering states
-go to ``chunk_states`` when the call asks for them (segments then start on chunk boundaries), else to the
-workspace: ``workspace_size("ssd_fwd", x=x, B=B)`` bytes (batch · (segments - 1) · H · P · N fp32; 0 when the
-call is not split). Without a workspace, or with a smaller one, the call is split into as many segments as it
-holds (a workspace sized for one call serves every call). The results are bitwise those of the unsplit call
-(the same operations in the same order). Calls with ``seq_idx`` or ``cu_seqlens``, and calls that read and
-write one state pool in place, are not split.
+``headdim/64,heads,sequences``. When that gives too few CTAs to fill the GPU (at most half of :data:`CTA_SLOTS`, a
+quarter for d_state 256), a call is split along L into ``segments`` (:func:`plan_segments`), in two launches: a
+states-only pass (the state recurrence alone: no C·Bᵀ, no outputs) walks the first segments and leaves the state
+entering each later segment, then every segment runs at once from its entering state. The entering states go to
+``chunk_states`` when the call asks for them (segments then start on chunk boundaries), else to the workspace:
+``workspace_size("ssd_fwd", x=x, B=B, ...)`` bytes (batch · (segments - 1) · H · P · N fp32; 0 when the call is not
+split: pass its seq_idx, cu_seqlens, chunk_states and state arrays too for an exact answer, else it is the most a
+call with these x and B can use). Without a workspace, or with a smaller one, the call is split into as many
+segments as it holds (a workspace sized for one call serves every call). A workspace is checked like an input
+(device, overlaps) whether or not the call uses it; calls on several streams need one each. The results are bitwise
+those of the unsplit call (the same operations in the same order). Calls with ``seq_idx`` or ``cu_seqlens``, and
+calls that read and write one state pool in place, are not split.
 """
 from __future__ import annotations
 
@@ -87,26 +89,35 @@ P_TILE = 64   # head-dim rows per CTA (the grid rule's "headdim/64")
 VECTOR = 8    # elements per 16-byte vector copy of x, B, C
 STATE_ARRAYS = ("initial_states", "initial_state_indices", "final_states", "final_state_indices")
 BLOCK = 64    # tokens per block of the kernel's walk: segments start on block boundaries
-# CTAs the GPU runs at once: two per SM (one for d_state 256) on an H100 / H200 (132 SMs); B200 has 148
+# CTAs the GPU runs at once: two per SM (one for d_state 256) on an H100 / H200 (132 SMs). A constant, not the
+# device's: on a GPU with fewer SMs a split call may take two waves, on one with more it splits too little.
 CTA_SLOTS = 2 * 132
 MIN_SEGMENT = 256  # tokens: shorter segments do not pay for the second launch
+# The split's cost model, in full-block units (measured on the H200, docs/PERF_NOTES.md): a block of the
+# states-only pass costs 0.42 of a full one, a full block of a CTA sharing its SM with another 1.28.
+STATES_PASS_COST = 0.42
+SHARED_SM_COST = 1.28
 
 
 def plan_segments(batch: int, seqlen: int, nheads: int, headdim: int, d_state: int, align: int = BLOCK,
                   most: int | None = None) -> tuple[int, int]:
     """(segments, segment_len) of a call: how many segments of L its rows are split into, and their length in
-    tokens (a multiple of ``align``; the last segment may be shorter). One segment when the call's CTAs already
-    fill at least half of the GPU's CTA slots, or when L is short; else as many as the free slots take, at most
-    ``most``."""
+    tokens (a multiple of ``align``; the last segment may be shorter). Candidates: up to as many segments as the
+    free CTA slots take (at most ``most``, each of at least MIN_SEGMENT tokens); the one the cost model says is
+    fastest, or one segment (no split) when none beats the unsplit walk."""
     ctas = batch * nheads * (headdim // P_TILE)
     slots = CTA_SLOTS if d_state <= 128 else CTA_SLOTS // 2
     wanted = min(slots // max(ctas, 1), seqlen // MIN_SEGMENT, -(-seqlen // align))
     if most is not None:
         wanted = min(wanted, most)
-    if wanted < 2:
-        return 1, seqlen
-    segment_len = -(-seqlen // (wanted * align)) * align
-    return -(-seqlen // segment_len), segment_len
+    best_cost, best = float(seqlen), (1, seqlen)
+    for candidate in range(2, wanted + 1):
+        segment_len = -(-seqlen // (candidate * align)) * align
+        segments = -(-seqlen // segment_len)
+        cost = STATES_PASS_COST * (segments - 1) * segment_len + SHARED_SM_COST * segment_len
+        if cost < best_cost:
+            best_cost, best = cost, (segments, segment_len)
+    return best
 
 
 class SsdForwardPlan(CompositePlan):
@@ -132,10 +143,15 @@ class SsdForwardPlan(CompositePlan):
     arrays = ("x", "dt", "A", "B", "C", "out", "D", "z", "dt_bias", "chunk_states", "seq_idx",
               "cu_seqlens", "workspace") + STATE_ARRAYS
 
-    def workspace_size(self, *, x=None, B=None, **_) -> int:
+    def workspace_size(self, *, x=None, B=None, seq_idx=None, cu_seqlens=None, chunk_states=None,
+                       initial_states=None, final_states=None, **_) -> int:
         """Bytes of workspace for a call with these x (batch, L, H, P) and B (batch, L, G, N) (any array objects):
-        what its split needs (0 when it is not split)."""
+        what its split needs; 0 for calls that are not split or keep the entering states in chunk_states (packed
+        sequences, chunk_states, one pool read and written in place), when those arguments are given too."""
         expect_given(x=x, B=B)
+        in_place = initial_states is not None and initial_states is final_states
+        if seq_idx is not None or cu_seqlens is not None or chunk_states is not None or in_place:
+            return 0
         x, B = as_device_array(x, "x"), as_device_array(B, "B")
         expect_rank(x, 4, "(batch, seqlen, nheads, headdim)")
         expect_rank(B, 4, "(batch, seqlen, ngroups, d_state)")
@@ -149,7 +165,10 @@ class SsdForwardPlan(CompositePlan):
         call = self.bind(**kwargs)
         if workspace is not None:
             expect_workspace(workspace, "ssd_fwd")
-        return [(self.family, step) for step in split_call(call, workspace)]
+        steps = split_call(call, workspace)
+        if len(steps) == 1 and workspace is not None:  # unused, but checked as the split would check it
+            steps = [call._replace(inputs=call.inputs + (workspace,))]
+        return [(self.family, step) for step in steps]
 
     def bind(self, *, x, dt, A, B, C, out, chunk_size=256, D=None, z=None, dt_bias=None, dt_softplus=False,
              dt_limit=(0.0, math.inf), initial_states=None, initial_state_indices=None, final_states=None,
@@ -268,17 +287,18 @@ def split_call(call: BoundCall, workspace: DeviceArray | None) -> list[BoundCall
         strides = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
         entering = DeviceArray("workspace", workspace.ptr, shape, strides, "fp32", workspace.device,
                                readonly=workspace.readonly, stream=workspace.stream)
-    at_entering = {"chunk_states": entering.ptr, "stride_chunk_states_batch": entering.strides[0],
-                   "stride_chunk_states_chunk": entering.strides[1], "stride_chunk_states_head": entering.strides[2]}
+    entering_params = {"chunk_states": entering.ptr, "stride_chunk_states_batch": entering.strides[0],
+                       "stride_chunk_states_chunk": entering.strides[1],
+                       "stride_chunk_states_head": entering.strides[2]}
     if not p["has_chunk_states"]:
-        at_entering.update(chunk_size=segment_len, nchunks=segments - 1)
+        entering_params.update(chunk_size=segment_len, nchunks=segments - 1)
     # the states-only pass: the first segments as one shorter call, its chunk states the entering states
     walked = (segments - 1) * segment_len
-    states_pass = dict(p, **at_entering, seqlen=walked, segment_len=walked, states_only=1, has_chunk_states=1,
+    states_pass = dict(p, **entering_params, seqlen=walked, segment_len=walked, states_only=1, has_chunk_states=1,
                        has_final_states=0, has_final_state_indices=0)
     # (every input of the call: the entering states it writes must overlap none of them)
     first = BoundCall(call.constants, call.grid, states_pass, inputs=call.inputs, outputs=(entering,))
-    segmented = dict(p, **at_entering, segments=segments, segment_len=segment_len)
+    segmented = dict(p, **entering_params, segments=segments, segment_len=segment_len)
     grid_x, grid_y, rows = call.grid
     second = BoundCall(call.constants, (grid_x, grid_y, rows * segments), segmented,
                        inputs=call.inputs + ((entering,) if not p["has_chunk_states"] else ()),
@@ -287,7 +307,9 @@ def split_call(call: BoundCall, workspace: DeviceArray | None) -> list[BoundCall
 
 
 def expect_workspace(workspace: DeviceArray, family: str, needed: int = 0) -> None:
-    """A workspace: 1-D fp32, contiguous, 16-byte aligned, and at least ``needed`` bytes."""
+    """A workspace: 1-D fp32, contiguous, 16-byte aligned, writable, and at least ``needed`` bytes."""
+    if workspace.readonly:
+        raise InvalidArgumentError("workspace", "workspace: is read-only but the kernels write it")
     expect_dtype(workspace, ("fp32",))
     expect_rank(workspace, 1, "(n,)")
     if workspace.shape[0] * 4 < needed or (workspace.shape[0] > 1 and workspace.strides[0] != 1):
