@@ -8,8 +8,9 @@ Shapes: the BRIEF §6 reference shapes (bf16, fp32 final states, D (H), dt_bias,
 replays (median; each graph holds several calls on distinct inputs so nothing stays in L2) and eager wall time
 per call. The roofline is the minimum bytes a call moves (x, dt, B, C, z read once; out and the fp32 final
 states written once) divided by the copy bandwidth measured in the same run. Workspace: ours is
-``runtime.workspace_size`` (the entering states of a call split along L; 0 when not split); Triton's is the peak memory its call allocates beyond its outputs (per-chunk
-states, C·Bᵀ blocks, Δ and cumsums), measured with torch's allocator.
+``runtime.workspace_size`` (the entering states of a call split along L; 0 when not split); Triton's is the peak
+memory its call allocates beyond its outputs (per-chunk states, C·Bᵀ blocks, Δ and cumsums), measured with torch's
+allocator.
 """
 from __future__ import annotations
 

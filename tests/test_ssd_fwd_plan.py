@@ -26,10 +26,13 @@ def ssd_args(**over):
     return args
 
 
+def adapted(**args):
+    """The arguments as the dispatcher hands them to the plan (arrays as DeviceArray records)."""
+    return {k: as_device_array(v, k) if k in PLANS["ssd_fwd"].arrays and v is not None else v for k, v in args.items()}
+
+
 def bind(**args):
-    plan = PLANS["ssd_fwd"]
-    return plan.bind(**{k: as_device_array(v, k) if k in plan.arrays and v is not None else v
-                        for k, v in args.items()})
+    return PLANS["ssd_fwd"].bind(**adapted(**args))
 
 
 def test_valid_call_binds_every_parameter():
@@ -111,9 +114,7 @@ def long_args(batch=1, seqlen=4096, heads=64, d_state=N, **over):
 
 
 def steps(**args):
-    plan = PLANS["ssd_fwd"]
-    return [call for family, call in plan.steps(**{k: as_device_array(v, k) if k in plan.arrays and v is not None
-                                                   else v for k, v in args.items()})]
+    return [call for family, call in PLANS["ssd_fwd"].steps(**adapted(**args))]
 
 
 def test_a_call_with_few_ctas_is_split_into_a_states_pass_and_segments():

@@ -22,6 +22,7 @@ strides, a negative dim from CAI or DLPack).
 from __future__ import annotations
 
 import ctypes
+import math
 import operator
 import sys
 from typing import NamedTuple
@@ -86,6 +87,13 @@ class DeviceArray(NamedTuple):
                 hi += reach
         itemsize = ITEMSIZE[self.dtype]
         return self.ptr + lo * itemsize, self.ptr + (hi + 1) * itemsize
+
+    def region(self, name: str, byte_offset: int, shape: tuple, dtype: str) -> DeviceArray:
+        """A C-contiguous ``shape`` array of ``dtype`` in this array's memory from ``byte_offset``: how a
+        workspace is carved into the arrays the kernels take (same device, stream and writability)."""
+        strides = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+        return DeviceArray(name, self.ptr + byte_offset, shape, strides, dtype, self.device, readonly=self.readonly,
+                           stream=self.stream)
 
 
 def as_device_array(obj, name: str, *, dlpack_stream: int | None = None) -> DeviceArray:

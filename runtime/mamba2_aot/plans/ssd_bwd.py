@@ -193,12 +193,7 @@ class Workspace:
         self.size = max(offset, -(-(shares + reserved) // ALIGN) * ALIGN)
 
     def views(self, ws: DeviceArray) -> dict[str, DeviceArray]:
-        views = {}
-        for name, shape, dtype in self.layout:
-            strides = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
-            views[name] = DeviceArray(name, ws.ptr + self.offsets[name], shape, strides, dtype, ws.device,
-                                      readonly=ws.readonly, stream=ws.stream)
-        return views
+        return {name: ws.region(name, self.offsets[name], shape, dtype) for name, shape, dtype in self.layout}
 
 
 def _rename(arr: DeviceArray | None, name: str) -> DeviceArray | None:

@@ -165,10 +165,7 @@ class SsdForwardPlan(CompositePlan):
         call = self.bind(**kwargs)
         if workspace is not None:
             expect_workspace(workspace, "ssd_fwd")
-        steps = split_call(call, workspace)
-        if len(steps) == 1 and workspace is not None:  # unused, but checked as the split would check it
-            steps = [call._replace(inputs=call.inputs + (workspace,))]
-        return [(self.family, step) for step in steps]
+        return [(self.family, step) for step in split_call(call, workspace)]
 
     def bind(self, *, x, dt, A, B, C, out, chunk_size=256, D=None, z=None, dt_bias=None, dt_softplus=False,
              dt_limit=(0.0, math.inf), initial_states=None, initial_state_indices=None, final_states=None,
@@ -265,33 +262,31 @@ def _entering_state_bytes(batch: int, nheads: int, headdim: int, d_state: int) -
 def split_call(call: BoundCall, workspace: DeviceArray | None) -> list[BoundCall]:
     """``call`` (bound by :meth:`SsdForwardPlan.bind`) as its launches: itself, or split along L (module
     docstring) into a states-only pass and the segments. The entering states go to the call's chunk_states, or
-    to ``workspace`` (the segments it holds)."""
+    to ``workspace`` (the segments it holds). A workspace the call does not use is still among its arrays, so
+    that it is checked (device, overlaps) whether or not the call is split."""
     p = call.params
+    unsplit = [call if workspace is None else call._replace(inputs=call.inputs + (workspace,))]
     in_place = p["has_initial_states"] and p["initial_states"] == p["final_states"]
     if p["has_seq_idx"] or p["has_cu_seqlens"] or in_place:
-        return [call]
+        return unsplit
     batch, seqlen, nheads = p["batch"], p["seqlen"], p["nheads"]
     headdim, d_state = call.constants["headdim"], call.constants["d_state"]
-    if p["has_chunk_states"]:
+    own_chunks = bool(p["has_chunk_states"])
+    if own_chunks:
         align, most = p["chunk_size"], None
-        entering = next(a for a in call.outputs if a.name == "chunk_states")
     else:
-        align = BLOCK
         capacity = 0 if workspace is None else workspace.shape[0] * 4
-        most = 1 + capacity // _entering_state_bytes(batch, nheads, headdim, d_state)
+        align, most = BLOCK, 1 + capacity // _entering_state_bytes(batch, nheads, headdim, d_state)
     segments, segment_len = plan_segments(batch, seqlen, nheads, headdim, d_state, align, most)
     if segments < 2:
-        return [call]
-    if not p["has_chunk_states"]:
-        shape = (batch, segments - 1, nheads, headdim, d_state)
-        strides = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
-        entering = DeviceArray("workspace", workspace.ptr, shape, strides, "fp32", workspace.device,
-                               readonly=workspace.readonly, stream=workspace.stream)
-    entering_params = {"chunk_states": entering.ptr, "stride_chunk_states_batch": entering.strides[0],
-                       "stride_chunk_states_chunk": entering.strides[1],
-                       "stride_chunk_states_head": entering.strides[2]}
-    if not p["has_chunk_states"]:
-        entering_params.update(chunk_size=segment_len, nchunks=segments - 1)
+        return unsplit
+    if own_chunks:  # already the kernel's chunk_states, with the call's chunk size
+        entering, entering_params, also_read = next(a for a in call.outputs if a.name == "chunk_states"), {}, ()
+    else:  # the workspace's first segments - 1 states, as chunk states of one segment each
+        entering = workspace.region("workspace", 0, (batch, segments - 1, nheads, headdim, d_state), "fp32")
+        entering_params = {"chunk_states": entering.ptr, "chunk_size": segment_len, "nchunks": segments - 1,
+                           **dict(zip(stride_names("chunk_states", "batch", "chunk", "head"), entering.strides))}
+        also_read = (entering,)
     # the states-only pass: the first segments as one shorter call, its chunk states the entering states
     walked = (segments - 1) * segment_len
     states_pass = dict(p, **entering_params, seqlen=walked, segment_len=walked, states_only=1, has_chunk_states=1,
@@ -301,8 +296,7 @@ def split_call(call: BoundCall, workspace: DeviceArray | None) -> list[BoundCall
     segmented = dict(p, **entering_params, segments=segments, segment_len=segment_len)
     grid_x, grid_y, rows = call.grid
     second = BoundCall(call.constants, (grid_x, grid_y, rows * segments), segmented,
-                       inputs=call.inputs + ((entering,) if not p["has_chunk_states"] else ()),
-                       outputs=call.outputs)
+                       inputs=call.inputs + also_read, outputs=call.outputs)
     return [first, second]
 
 
