@@ -264,10 +264,7 @@ class SsdForward:
 
             # (a split call's states-only pass wrote the chunk states of every segment but the last)
             if (a.has_chunk_states != 0) & (segment == a.segments - 1):
-                last = block_start + seg_stop - 1
-                chunk = last // a.chunk_size
-                if last == cute.math.min(chunk * a.chunk_size + a.chunk_size - 1, L - 1):
-                    store_state(states.chunks[row, chunk, h, None, None], mma, acc_h, p0, Float32)
+                self._store_chunk_state(a, states, mma, acc_h, row, h, p0, block_start + seg_stop - 1, L)
 
         if segment == a.segments - 1:
             self._end_sequence(a, states, mma, acc_h, seq, h, p0, state_type)
@@ -372,10 +369,7 @@ class SsdForward:
         thread's fragment are read once, and masks are selects."""
         mma, acc_h, sX, sB, sC, sZ, sS, sXw, sCe, sY, sH, sD, sDelta, sCs = work
         zero = Float32(0.0)
-        base = zero
-        if s0 > 0:
-            base = sCs[s0 - 1]
-        cs_end = sCs[s1 - 1]
+        base, cs_end = self._run_cumsums(sCs, s0, s1)
         self._masked_scores(mma, sC, sB, sS, sDelta, sCs, s0, s1, io_type)
 
         # row-wise, 16-byte vectors: e_s C_s, and the weighted x
@@ -462,19 +456,28 @@ class SsdForward:
         block_start = blk * TILE
         s0 = cute.math.max(start, block_start) - block_start
         s1 = cute.math.min(end, block_start + TILE) - block_start
-        base = Float32(0.0)
-        if s0 > 0:
-            base = sCs[s0 - 1]
-        cs_end = sCs[s1 - 1]
+        base, cs_end = self._run_cumsums(sCs, s0, s1)
         self._weigh_rows(here[0], sXw, sDelta, sCs, s0, s1, cs_end, tid, io_type)
         fence_operands(mma)  # (and the block's tiles)
         cute.arch.sync_threads()  # the weighted x
         self._advance_state(mma, acc_h, sXw, here[1], base, cs_end)
-        last = block_start + s1 - 1
+        self._store_chunk_state(a, states, mma, acc_h, row, h, p0, block_start + s1 - 1, L)
+        return dt0, dt1
+
+    @cute.jit
+    def _run_cumsums(self, sCs, s0, s1):
+        """The cumsums bounding rows [s0, s1) of a block: before row s0 (0 at the block's start) and at row s1 - 1."""
+        base = Float32(0.0)
+        if s0 > 0:
+            base = sCs[s0 - 1]
+        return base, sCs[s1 - 1]
+
+    @cute.jit
+    def _store_chunk_state(self, a, states, mma, acc_h, row, h, p0, last, L):
+        """h as the chunk state of token ``last``'s chunk, when ``last`` ends it (the chunk's or the row's last)."""
         chunk = last // a.chunk_size
         if last == cute.math.min(chunk * a.chunk_size + a.chunk_size - 1, L - 1):
             store_state(states.chunks[row, chunk, h, None, None], mma, acc_h, p0, Float32)
-        return dt0, dt1
 
     @cute.jit
     def _masked_scores(self, mma, sC, sB, sS, sDelta, sCs, s0, s1, io_type):
