@@ -22,22 +22,29 @@ Fused pre-conv (``conv_dtype`` not "none"): x, B and C are not inputs but the ca
 (channels [x (H·P) | B (G·N) | C (G·N)], Mamba-2's split) over the slot's conv window, computed exactly as
 ``conv1d_verify`` computes them and rounded to the I/O dtype as its output would be; the conv pool and the conv
 window record are written as ``conv1d_verify`` writes them, so a fused call equals the pair conv1d_verify →
-verify bitwise (outputs, both pools, both window records). The conv outputs of the call's rows (at most
-STAGED_ROWS) are computed once per CTA into shared memory. Each CTA writes the conv state of its head's x channels; a group's B
-and C channels, which every head of the group reads, are written by the group's last head to finish and the
-conv window count by the last group (tickets (num_slots, G + 1)), after every reader is done. In compact mode
-each pool clamps num_accepted by its own window count, as the pair would.
+verify bitwise (outputs, both pools, both window records). Each CTA writes the conv state of its head's x
+channels; a group's B and C channels, which every head of the group reads, are written by the group's last head
+to finish and the conv window count by the last group (tickets (num_slots, G + 1)), after every reader is done.
+In compact mode each pool clamps num_accepted by its own window count, as the pair would.
 
 Rows are padding (outputs zero, nothing read or written) when the slot index is negative or past the pool;
 an out-of-range slot, snapshot index or num_accepted (clamped to [0, pending]) is counted in the optional
 device counter. One CTA owns one (request, head): its warps split the P rows, each lane holds N/32
-contiguous state columns of a row (one vector access; a warp covers the row, so access is coalesced).
+contiguous state columns of a row (one vector access; a warp covers the row, so access is coalesced). A small
+update or snapshot call (row_splits 2) runs the row passes of a state in two CTAs instead.
+
+Staged rows: a call's token inputs (x, B, C, z, dt; fused: the conv's x, B, C) and compact mode's pending window
+rows are copied into shared memory STAGED_ROWS at a time (16-byte cp.async, issued before the state loads, or
+element copies when the runtime found an array unaligned for it), and each row's Δ, exp(Δ·A) and silu(z) are
+computed there by all threads at once. The sequential part, one token after another, then reads shared memory
+only: with each token's loads from global memory in that chain, T = 8 cost 3x a decode of the same bytes.
 """
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
 from kernel_src.conv_window import ConvViews, last_arrival, stage_rows, walk_channel
@@ -50,14 +57,30 @@ WARP = 32
 # decode batch 64 in 142 µs; 16 × 16 warps took 221 µs and 32 × 8 warps 165 µs (fewer CTAs per SM).
 STATE_REGS_PER_LANE = 16
 MAX_WARPS = 8
-# Fused pre-conv: the conv outputs of all of a call's rows are computed at once into shared memory, so a fused
-# call takes at most this many rows (the runtime refuses more; a longer prefill is conv1d_fwd + ssd_fwd).
+# Rows of token inputs staged in shared memory at once; a fused call computes all of its conv rows at once, so it
+# takes at most this many (the runtime refuses more; a longer prefill is conv1d_fwd + ssd_fwd).
 STAGED_ROWS = 16
+
+
+class StagedRows:
+    """A tile of staged rows in shared memory (a trace-time record): ``rows`` (STAGED_ROWS, row_len) in the I/O
+    dtype, ``coefs`` (STAGED_ROWS, 2) fp32 Δ and exp(Δ·A), ``gates`` (STAGED_ROWS, P) fp32 silu(z) or None."""
+
+    def __init__(self, rows, coefs, gates):
+        self.rows, self.coefs, self.gates = rows, coefs, gates
+
+
+class Gates:
+    """A head's Δ parameters (dt_bias, A, softplus, limits) and whether z gates the output (a trace-time record)."""
+
+    def __init__(self, dt_bias, A, dt_softplus, dt_min, dt_max, has_z):
+        self.dt_bias, self.A, self.dt_softplus, self.dt_min, self.dt_max = dt_bias, A, dt_softplus, dt_min, dt_max
+        self.has_z = has_z
 
 
 class Verify:
     family = "verify"
-    grid_rule = "heads,batch"
+    grid_rule = "heads,batch,row_splits"
     modes = ("update", "snapshot", "compact")
     headdims = (64, 128)
     d_states = (64, 128, 256)
@@ -80,8 +103,9 @@ class Verify:
         self.fused = conv_dtype != "none"
         self.cols_per_lane = d_state // WARP
         # compact runs at 2 CTAs per SM anyway (its fold needs the registers), so up to N = 128 it holds twice
-        # the state per lane and saves a row pass (not when fused: that spills): T = 8 at batch 64 went from 885 to 640 µs (update and
-        # snapshot would spill under their 3-CTA cap, and so does compact with N = 256 on sm_100a)
+        # the state per lane and saves a row pass (not when fused: that spills): T = 8 at batch 64 went from 885
+        # to 640 µs (update and snapshot would spill under their 3-CTA cap, and so does compact with N = 256 on
+        # sm_100a)
         doubled = mode == "compact" and self.cols_per_lane <= 4 and not self.fused
         state_regs = 2 * STATE_REGS_PER_LANE if doubled else STATE_REGS_PER_LANE
         self.num_warps = min(MAX_WARPS, max(4, headdim * self.cols_per_lane // state_regs))
@@ -91,15 +115,30 @@ class Verify:
         self.row_bits = self.rows_per_warp.bit_length() - 1  # log2: rows_per_warp is a power of two
         self.block = (self.num_warps * WARP, 1, 1)
         # 3 CTAs per SM cap a thread at 80 registers; the compact fold, lanes with 8 columns (N = 256: twice
-        # the B and C values in flight) and the fused conv (its address arithmetic) need more and get 2.
-        self.min_ctas_per_sm = 2 if mode == "compact" or self.cols_per_lane > 4 or self.fused else 3
+        # the B and C values in flight) and the fused conv (its address arithmetic) need more and get 2. So do,
+        # as the build's spill check found them (the next tile's staging addresses are live across the token
+        # loop), snapshots rounded to a 16-bit pool or with N = 64 (8 rows per lane), and fp32 I/O from P128 N128.
+        tight_snapshots = mode == "snapshot" and (pool_dtype != "fp32" or d_state == 64)
+        wide_io = io_dtype == "fp32" and headdim * d_state >= 128 * 128
+        wide = mode == "compact" or self.cols_per_lane > 4 or self.fused or tight_snapshots or wide_io
+        self.min_ctas_per_sm = 2 if wide else 3
         # a lane's columns are one vector access: the runtime checks the pool's base alignment (bytes)
         self.state_align = min(16, self.cols_per_lane * {"fp32": 4, "bf16": 2, "fp16": 2}[pool_dtype])
         self.cluster = (1, 1, 1)
-        # fused: one token's conv outputs (x rows, then B and C columns) and the ticket's flag
+        # A staged row: [x (P) | B (N) | C (N) | z (P) | dt, padded to one 16-byte vector]; fused, x, B and C are
+        # the conv's outputs. Compact mode stages its pending window rows too ([x | B | . | . | dt]).
+        io_bytes = {"fp32": 4, "bf16": 2, "fp16": 2}[io_dtype]
+        self.chunk = 16 // io_bytes
         self.conv_row = headdim + 2 * d_state
-        staged_bytes = STAGED_ROWS * self.conv_row * {"fp32": 4, "bf16": 2, "fp16": 2}[io_dtype]
-        self.dynamic_smem = staged_bytes + 16 if self.fused else 0
+        self.z_col = self.conv_row
+        self.dt_col = self.z_col + headdim
+        self.row_len = self.dt_col + self.chunk
+        # shared memory: the token tile (rows, Δ and decay, silu(z) per row of P), compact mode's pending-row
+        # tile (rows, Δ and decay), the fused call's ticket flag (each a multiple of 16 bytes)
+        rows_bytes, coefs_bytes = STAGED_ROWS * self.row_len * io_bytes, STAGED_ROWS * 2 * 4
+        tokens_bytes = rows_bytes + coefs_bytes + STAGED_ROWS * headdim * 4
+        pending_bytes = rows_bytes + coefs_bytes if mode == "compact" else 0
+        self.dynamic_smem = tokens_bytes + pending_bytes + (16 if self.fused else 0)
 
     def params(self):
         io, pool = self.io_dtype, self.pool_dtype
@@ -117,7 +156,8 @@ class Verify:
             *strides("num_accepted", "batch"), *strides("window_count", "slot", "head"),
             *strides("window_x", "slot", "row", "head"), *strides("window_B", "slot", "row", "head"),
             *strides("window_dt", "slot", "row", "head"),
-            i32("has_D"), i32("has_z"), i32("has_dt_bias"), i32("dt_softplus"), i32("has_rejected"),
+            i32("has_D"), i32("has_z"), i32("has_dt_bias"), i32("dt_softplus"), i32("has_rejected"), i32("vector_rows"),
+            i32("row_splits"),
             f32("dt_min"), f32("dt_max"),
             # the fused pre-conv (null and zero in unfused variants)
             ptr("conv_state", io if not self.fused else self.conv_dtype), ptr("xBC", io), ptr("conv_weight", "fp32"),
@@ -135,8 +175,9 @@ class Verify:
         # An explicit occupancy target (min_ctas_per_sm): ptxas' own target spilled, and 3 CTAs of 256 threads
         # per SM keep enough state loads in flight. The carveout is given only so that the DSL does not ask a
         # device for its shared memory size; it sets nothing in the cubin.
-        self.kernel(args).launch(grid=[a.nheads, a.batch, 1], block=list(self.block), smem=self.dynamic_smem,
-                                 stream=stream, min_blocks_per_mp=self.min_ctas_per_sm, preferred_smem_carveout=0)
+        self.kernel(args).launch(grid=[a.nheads, a.batch, a.row_splits], block=list(self.block),
+                                 smem=self.dynamic_smem, stream=stream, min_blocks_per_mp=self.min_ctas_per_sm,
+                                 preferred_smem_carveout=0)
 
     @cute.kernel
     def kernel(self, args: tuple):
@@ -144,7 +185,7 @@ class Verify:
         P, N, R, V = self.headdim, self.d_state, self.rows_per_warp, self.cols_per_lane
         io_type, pool_type = cutlass_dtype(self.io_dtype), cutlass_dtype(self.pool_dtype)
         compact = self.mode == "compact"
-        h, b, _ = cute.arch.block_idx()
+        h, b, split = cute.arch.block_idx()
         tid, _, _ = cute.arch.thread_idx()
         lane = cute.arch.lane_idx()
         warp = cute.arch.warp_idx()
@@ -156,31 +197,49 @@ class Verify:
         def view(pointer, shape, *strides):
             return cute.make_tensor(pointer, cute.make_layout(shape, stride=strides))
 
+        def rows_view(pointer, shape, *strides):
+            """A (outer, row, inner, columns) array and its 16-byte view: the same memory with a 16-byte aligned
+            base and strides in whole vectors, read only when the runtime found them so (``vector_rows``)."""
+            aligned = cute.make_ptr(io_type, pointer.toint(), cute.AddressSpace.gmem, assumed_align=16)
+            vectors = [cute.assume(s, divby=self.chunk) for s in strides]
+            return view(pointer, shape, *strides, 1), view(aligned, shape, *vectors, 1)
+
         T, H, cap = a.seqlen, a.nheads, a.window_capacity
         # The runtime checks the pool's base is 16-byte aligned and its slot and head strides are multiples
         # of N / 32 elements, so each lane's N / 32 columns are one aligned vector access.
         V_align = self.cols_per_lane
         state = view(a.state, (a.num_slots, H, P, N), cute.assume(a.stride_state_slot, divby=V_align),
                      cute.assume(a.stride_state_head, divby=V_align), N, 1)
-        x = view(a.x, (a.batch, T, H, P), a.stride_x_batch, a.stride_x_seqlen, a.stride_x_head, 1)
+        x = rows_view(a.x, (a.batch, T, H, P), a.stride_x_batch, a.stride_x_seqlen, a.stride_x_head)
         dt = view(a.dt, (a.batch, T, H), a.stride_dt_batch, a.stride_dt_seqlen, a.stride_dt_head)
-        Bm = view(a.B, (a.batch, T, H, N), a.stride_B_batch, a.stride_B_seqlen, a.stride_B_group, 1)
-        Cm = view(a.C, (a.batch, T, H, N), a.stride_C_batch, a.stride_C_seqlen, a.stride_C_group, 1)
+        Bm = rows_view(a.B, (a.batch, T, H, N), a.stride_B_batch, a.stride_B_seqlen, a.stride_B_group)
+        Cm = rows_view(a.C, (a.batch, T, H, N), a.stride_C_batch, a.stride_C_seqlen, a.stride_C_group)
         D = view(a.D, (H, P), a.stride_D_head, a.stride_D_dim)
-        z = view(a.z, (a.batch, T, H, P), a.stride_z_batch, a.stride_z_seqlen, a.stride_z_head, 1)
+        z = rows_view(a.z, (a.batch, T, H, P), a.stride_z_batch, a.stride_z_seqlen, a.stride_z_head)
         out = view(a.out, (a.batch, T, H, P), a.stride_out_batch, a.stride_out_seqlen, a.stride_out_head, 1)
         snapshots = view(a.snapshot_indices, (a.batch, T), a.stride_snapshot_indices_batch,
                          a.stride_snapshot_indices_seqlen)
         w_count = view(a.window_count, (a.num_slots, H), a.stride_window_count_slot, a.stride_window_count_head)
-        w_x = view(a.window_x, (a.num_slots, cap, H, P), a.stride_window_x_slot, a.stride_window_x_row,
-                   a.stride_window_x_head, 1)
-        w_B = view(a.window_B, (a.num_slots, cap, H, N), a.stride_window_B_slot, a.stride_window_B_row,
-                   a.stride_window_B_head, 1)
+        w_x = rows_view(a.window_x, (a.num_slots, cap, H, P), a.stride_window_x_slot, a.stride_window_x_row,
+                        a.stride_window_x_head)
+        w_B = rows_view(a.window_B, (a.num_slots, cap, H, N), a.stride_window_B_slot, a.stride_window_B_row,
+                        a.stride_window_B_head)
         w_dt = view(a.window_dt, (a.num_slots, cap, H), a.stride_window_dt_slot, a.stride_window_dt_row,
                     a.stride_window_dt_head)
 
         A_h = view(a.A, (H,), a.stride_A_head)[h]
-        dt_bias = view(a.dt_bias, (H,), a.stride_dt_bias_head)
+        smem = cutlass.utils.SmemAllocator()
+        staged_layout = cute.make_layout((STAGED_ROWS, self.row_len), stride=(self.row_len, 1))
+        # per staged row: its Δ and exp(Δ·A) (and for tokens silu(z) per row of P), computed once per tile by
+        # all threads, off the sequential chain of the state update
+        coef_layout = cute.make_layout((STAGED_ROWS, 2), stride=(2, 1))
+        tokens = StagedRows(smem.allocate_tensor(io_type, staged_layout, 16),
+                            smem.allocate_tensor(Float32, coef_layout, 16),
+                            smem.allocate_tensor(Float32, cute.make_layout((STAGED_ROWS, P), stride=(P, 1)), 16))
+        pending = None
+        if cutlass.const_expr(compact):
+            pending = StagedRows(smem.allocate_tensor(io_type, staged_layout, 16),
+                                 smem.allocate_tensor(Float32, coef_layout, 16), None)
         cv = None
         if cutlass.const_expr(self.fused):
             K = a.width
@@ -194,10 +253,16 @@ class Verify:
                 width=K, apply_silu=a.silu, num_slots=a.num_slots, snapshots=snapshots,
                 rows=view(a.conv_window_xBC, (a.num_slots, cap, a.channels), a.stride_conv_window_xBC_slot,
                           a.stride_conv_window_xBC_row, a.stride_conv_window_xBC_channel) if compact else None)
-            smem = cutlass.utils.SmemAllocator()
-            sConv = smem.allocate_tensor(io_type, cute.make_layout((STAGED_ROWS, self.conv_row),
-                                                                    stride=(self.conv_row, 1)), 16)
             flag = smem.allocate_tensor(Int32, cute.make_layout((1,)), 16)   # the tickets'
+
+        # What the staged rows hold: (column, arrays, outer index, inner index, enabled) per input, then dt.
+        # A fused call's x, B and C are its conv outputs, computed into the same columns.
+        token_inputs = ((self.z_col, z, b, h, a.has_z),)
+        if cutlass.const_expr(not self.fused):
+            token_inputs = ((0, x, b, h, 1), (P, Bm, b, g, 1), (P + N, Cm, b, g, 1)) + token_inputs
+        # The first tiles' copies are in flight while the slot index and the state load.
+        self._stage(token_inputs, (dt, b, h), tokens.rows, 0, cute.math.min(T, STAGED_ROWS), a.vector_rows, tid)
+        cute.arch.cp_async_commit_group()
 
         slot = view(a.state_indices, (a.batch,), a.stride_state_indices_batch)[b]
         valid = Int32(0)
@@ -218,86 +283,95 @@ class Verify:
                     conv_count = view(a.conv_window_count, (a.num_slots,), a.stride_conv_window_count_slot)[slot]
                     conv_folds = accepted_rows(accepted, conv_count, cap)
 
+        fold_inputs = ((0, w_x, slot, h, 1), (P, w_B, slot, h, 1))
+        if cutlass.const_expr(compact):
+            self._stage(fold_inputs, (w_dt, slot, h), pending.rows, 0, cute.math.min(folds, STAGED_ROWS),
+                        a.vector_rows, tid)
+            cute.arch.cp_async_commit_group()
+        bias = Float32(0.0)
+        if a.has_dt_bias != 0:
+            bias = view(a.dt_bias, (H,), a.stride_dt_bias_head)[h]
+        gates = Gates(bias, A_h, a.dt_softplus, a.dt_min, a.dt_max, a.has_z)
+
         st = cute.make_rmem_tensor((R, V), Float32)
-        # One token's inputs. (Prefetching the next token's into a second set measured slower: the extra
-        # registers cost more occupancy than the overlap gained.)
-        cur_x, cur_B, cur_C, cur_dt = self._token_buffers(io_type)
+        cur_x, cur_B, cur_C = self._token_buffers(io_type)
         sums = cute.make_rmem_tensor((R,), Float32)
 
         # Large states are processed in row passes so that each lane keeps at most R × V values.
         for row_pass in cutlass.range_constexpr(self.row_passes):
-            last_pass = row_pass == self.row_passes - 1
-            row0 = (row_pass * self.num_warps + warp) * R
-            for r in cutlass.range_constexpr(R):
-                for j in cutlass.range_constexpr(V):
-                    st[r, j] = Float32(0.0)
-            if valid != 0:
-                self._load_state(state, slot, h, row0, lane, st, pool_type)
-            if cutlass.const_expr(self.fused and row_pass == 0):
-                # every row's conv outputs, while the first state loads are in flight; every pass reads them
-                self._stage_conv(a, cv, sConv, b, slot, valid, conv_folds, h, g, tid, io_type)
-
-            if cutlass.const_expr(compact):
-                for i in range(folds):
-                    self._load_window_row(w_x, w_B, w_dt, slot, i, h, row0, lane, cur_x, cur_B, cur_dt)
-                    self._advance(a, st, cur_dt[0], dt_bias, h, A_h, cur_x, cur_B, pool_type)
-                if folds > 0:
-                    self._store_state(state, slot, h, row0, lane, st, pool_type)
-                # Every warp's reads of the old window precede any write of the new one.
-                cute.arch.sync_threads()
-
-            # Padding rows run the token loop too (from a zero state, on their own inputs) so that the warp
-            # shuffles stay in uniform control flow; only the writes depend on the row being valid.
-            for t in range(T):
-                if cutlass.const_expr(self.fused):
-                    staged = sConv[t, None]
-                    self._load_token(staged, dt, staged, staged, b, t, h, g, row0, lane, cur_x, cur_B, cur_C, cur_dt)
-                else:
-                    self._load_token(x, dt, Bm, Cm, b, t, h, g, row0, lane, cur_x, cur_B, cur_C, cur_dt)
-                self._advance(a, st, cur_dt[0], dt_bias, h, A_h, cur_x, cur_B, pool_type)
+            # a small update call may run its passes in CTAs of their own (grid z: the runtime's row_splits)
+            if row_pass % a.row_splits == split:
+                last_pass = row_pass == self.row_passes - 1
+                row0 = (row_pass * self.num_warps + warp) * R
                 for r in cutlass.range_constexpr(R):
-                    sums[r] = Float32(0.0)
                     for j in cutlass.range_constexpr(V):
-                        sums[r] = cute.math.fma(st[r, j], cur_C[j].to(Float32), sums[r])
+                        st[r, j] = Float32(0.0)
+                if valid != 0:
+                    self._load_state(state, slot, h, row0, lane, st, pool_type)
                 # Each lane finishes one row: the row totals land on lanes (row - row0) * 32 / R and up.
                 row = row0 + (lane >> (5 - self.row_bits))
-                y = self._reduce_rows(sums, lane)
-                if a.has_D != 0:  # D and x re-read here: L1 hits, where holding them would cost registers
-                    x_row = Float32(0.0)
-                    if cutlass.const_expr(self.fused):
-                        x_row = sConv[t, row].to(Float32)
-                    else:
-                        x_row = x[b, t, h, row].to(Float32)
-                    y = cute.math.fma(D[h, row], x_row, y)
-                if a.has_z != 0:
-                    y = y * silu(z[b, t, h, row].to(Float32))
-                if valid == 0:
-                    y = Float32(0.0)
-                if lane % (WARP // R) == 0:
-                    out[b, t, h, row] = y.to(io_type)
-                if valid != 0:
-                    if cutlass.const_expr(self.mode == "snapshot"):
-                        target = snapshots[b, t]
-                        if cutlass.const_expr(row_pass == 0):
-                            if target >= a.num_slots:
-                                self._count(a, h, tid)
-                        if target >= 0:
-                            if target < a.num_slots:
-                                self._store_state(state, target, h, row0, lane, st, pool_type)
-                    if cutlass.const_expr(compact):
-                        if lane == 0:
-                            for r in cutlass.range_constexpr(R):
-                                w_x[slot, t, h, row0 + r] = cur_x[r]
-                        if cutlass.const_expr(last_pass):  # earlier passes still fold the old B and dt rows
-                            if warp == 0:
-                                for j in cutlass.range_constexpr(V):
-                                    w_B[slot, t, h, lane * V + j] = cur_B[j]
-                                if lane == 0:
-                                    w_dt[slot, t, h] = cur_dt[0]
+                D_row = Float32(0.0)
+                if a.has_D != 0:   # loaded here, off the chain of the token loop
+                    D_row = D[h, row]
+                if cutlass.const_expr(self.fused and row_pass == 0):
+                    # every row's conv outputs, while the first state loads are in flight; every pass reads them
+                    self._stage_conv(a, cv, tokens.rows, b, slot, valid, conv_folds, h, g, tid, io_type)
 
-            if cutlass.const_expr(self.mode == "update"):
-                if valid != 0:
-                    self._store_state(state, slot, h, row0, lane, st, pool_type)
+                if cutlass.const_expr(compact):
+                    for f0 in range(0, folds, STAGED_ROWS):
+                        rows = cute.math.min(folds - f0, STAGED_ROWS)
+                        self._next_tile(fold_inputs, (w_dt, slot, h), pending, gates, f0, rows, folds, row_pass,
+                                        a.vector_rows, tid)
+                        for i in range(rows):
+                            self._read_row(pending.rows[i, None], row0, lane, cur_x, cur_B, None)
+                            self._advance(st, pending.coefs[i, 0], pending.coefs[i, 1], cur_x, cur_B, pool_type)
+                    if folds > 0:
+                        self._store_state(state, slot, h, row0, lane, st, pool_type)
+                    # (every warp's reads of the old window precede any write of the new one: the writes come
+                    # after the token tile's barrier)
+
+                # Padding rows run the token loop too (from a zero state, on their own inputs) so that the warp
+                # shuffles stay in uniform control flow; only the writes depend on the row being valid.
+                for t0 in range(0, T, STAGED_ROWS):
+                    rows = cute.math.min(T - t0, STAGED_ROWS)
+                    self._next_tile(token_inputs, (dt, b, h), tokens, gates, t0, rows, T, row_pass, a.vector_rows, tid)
+                    for i in range(rows):
+                        t = t0 + i
+                        staged = tokens.rows[i, None]
+                        self._read_row(staged, row0, lane, cur_x, cur_B, cur_C)
+                        self._advance(st, tokens.coefs[i, 0], tokens.coefs[i, 1], cur_x, cur_B, pool_type)
+                        for r in cutlass.range_constexpr(R):
+                            sums[r] = Float32(0.0)
+                            for j in cutlass.range_constexpr(V):
+                                sums[r] = cute.math.fma(st[r, j], cur_C[j].to(Float32), sums[r])
+                        y = self._reduce_rows(sums, lane)
+                        if a.has_D != 0:
+                            y = cute.math.fma(D_row, staged[row].to(Float32), y)
+                        if a.has_z != 0:
+                            y = y * tokens.gates[i, row]
+                        if valid == 0:
+                            y = Float32(0.0)
+                        if lane % (WARP // R) == 0:
+                            out[b, t, h, row] = y.to(io_type)
+                        if valid != 0:
+                            if cutlass.const_expr(self.mode == "snapshot"):
+                                target = snapshots[b, t]
+                                if cutlass.const_expr(row_pass == 0):
+                                    if target >= a.num_slots:
+                                        self._count(a, h, tid)
+                                if target >= 0:
+                                    if target < a.num_slots:
+                                        self._store_state(state, target, h, row0, lane, st, pool_type)
+                    if cutlass.const_expr(compact and last_pass):
+                        if valid != 0:
+                            # the tile's rows become the new pending window, now that every pass has folded the
+                            # old one: x, B and dt straight from the staged rows
+                            self._stage(fold_inputs, (w_dt, slot, h), tokens.rows, t0, rows, a.vector_rows, tid,
+                                        back=True)
+
+                if cutlass.const_expr(self.mode == "update"):
+                    if valid != 0:
+                        self._store_state(state, slot, h, row0, lane, st, pool_type)
 
         if cutlass.const_expr(compact):
             if valid != 0:
@@ -308,27 +382,100 @@ class Verify:
                 self._conv_bookkeeping(a, cv, flag, b, slot, conv_folds, h, g, tid)
 
     def _token_buffers(self, io_type):
-        """Registers for one token's inputs: x (R), B (V), C (V), dt (1), in the I/O dtype."""
+        """Registers for one token's inputs: x (R), B (V), C (V), in the I/O dtype."""
         R, V = self.rows_per_warp, self.cols_per_lane
-        return tuple(cute.make_rmem_tensor((n,), io_type) for n in (R, V, V, 1))
+        return tuple(cute.make_rmem_tensor((n,), io_type) for n in (R, V, V))
 
     @cute.jit
-    def _load_token(self, x, dt, Bm, Cm, b, t, h, g, row0, lane, x_buf, B_buf, C_buf, dt_buf):
-        """Token t's x rows and B, C columns of this lane, from global memory or (fused) the staged conv row."""
-        V = self.cols_per_lane
+    def _stage(self, inputs, dt_input, staged, first: Int32, count: Int32, vector: Int32, tid: Int32,
+               back: cutlass.Constexpr = False):
+        """Rows first .. first + count - 1 of each input into ``staged`` rows 0 .. count - 1 at the input's
+        column, and dt at ``dt_col`` (``back``: the other way, staged rows into the arrays). 16-byte vectors
+        (loads by cp.async, committed by the caller) when the runtime found every row array 16-byte aligned with
+        whole-vector strides, else element copies. One row of an input is ``array[outer, first + i, inner, :]``."""
+        chunk, threads = self.chunk, self.num_warps * WARP
+        widths = [cute.size(arrays[0], mode=[3]) for _, arrays, _, _, _ in inputs]
+        per_row = sum(widths) // chunk
+        g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), staged.element_type,
+                                  num_bits_per_copy=128)
+        for c in cutlass.range(tid, count * per_row, threads, unroll=1):
+            i = c // per_row
+            k = c - i * per_row    # the row's k-th vector, over the inputs in order
+            start = 0
+            for (column, (plain, vectors), outer, inner, enabled), width in zip(inputs, widths):
+                if k >= start and k < start + width // chunk and enabled != 0:
+                    e = k - start
+                    shared = cute.zipped_divide(staged[i, None], (chunk,))[None, column // chunk + e]
+                    if vector != 0:
+                        rows = cute.zipped_divide(vectors[outer, first + i, inner, None], (chunk,))[None, e]
+                        if cutlass.const_expr(back):
+                            cute.autovec_copy(shared, rows)
+                        else:
+                            cute.copy(g2s, rows, shared)
+                    else:
+                        rows = cute.zipped_divide(plain[outer, first + i, inner, None], (chunk,))[None, e]
+                        for q in cutlass.range_constexpr(chunk):
+                            if cutlass.const_expr(back):
+                                rows[q] = shared[q]
+                            else:
+                                shared[q] = rows[q]
+                start += width // chunk
+        dt_array, outer, inner = dt_input
+        for i in cutlass.range(tid, count, threads, unroll=1):
+            if cutlass.const_expr(back):
+                dt_array[outer, first + i, inner] = staged[i, self.dt_col]
+            else:
+                staged[i, self.dt_col] = dt_array[outer, first + i, inner]
+
+    @cute.jit
+    def _next_tile(self, inputs, dt_input, staged: "StagedRows", gates: "Gates", first: Int32, count: Int32,
+                   total: Int32, row_pass: cutlass.Constexpr, vector: Int32, tid: Int32):
+        """Make rows first .. first + count - 1 of ``total`` ready in ``staged``: the first tile of the first
+        pass was staged before the state loads; any later one (and the first again in a later pass, unless it
+        is still there) is staged now, after every warp is done with the tile before. Then each row's Δ and
+        decay (and the z gates) are computed.""" 
+        restage = first > 0
+        if cutlass.const_expr(row_pass > 0):
+            restage = restage or total > STAGED_ROWS
+        if restage:
+            cute.arch.sync_threads()
+            self._stage(inputs, dt_input, staged.rows, first, count, vector, tid)
+            cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.sync_threads()
+        self._prepare(staged, gates, count, tid)
+        cute.arch.sync_threads()
+
+    @cute.jit
+    def _prepare(self, staged: "StagedRows", gates: "Gates", count: Int32, tid: Int32):
+        """Δ = clamp(softplus?(dt + dt_bias)) and exp(Δ·A) of each staged row, and silu(z) of each (row, p) when
+        the rows carry z: the same functions on the same values wherever a row is computed (fold, token loop,
+        another call), so the modes agree bitwise."""
+        threads = self.num_warps * WARP
+        rows, coefs, z_gates = staged.rows, staged.coefs, staged.gates   # written through locals (DSL loops)
+        for i in cutlass.range(tid, count, threads, unroll=1):
+            delta = delta_from_dt(rows[i, self.dt_col].to(Float32), gates.dt_bias, gates.dt_softplus, gates.dt_min,
+                                  gates.dt_max)
+            coefs[i, 0] = delta
+            coefs[i, 1] = cute.math.exp(delta * gates.A)
+        if cutlass.const_expr(z_gates is not None):
+            if gates.has_z != 0:
+                P = self.headdim
+                for e in cutlass.range(tid, count * P, threads, unroll=1):
+                    i = e // P
+                    p = e - i * P
+                    z_gates[i, p] = silu(rows[i, self.z_col + p].to(Float32))
+
+    @cute.jit
+    def _read_row(self, staged, row0, lane, x_buf, B_buf, C_buf):
+        """One staged row's x rows and B (and C) columns of this lane, into registers."""
+        P, N, V = self.headdim, self.d_state, self.cols_per_lane
         for r in cutlass.range_constexpr(self.rows_per_warp):
-            if cutlass.const_expr(self.fused):
-                x_buf[r] = x[row0 + r]
-            else:
-                x_buf[r] = x[b, t, h, row0 + r]
+            x_buf[r] = staged[row0 + r]
         for j in cutlass.range_constexpr(V):
-            if cutlass.const_expr(self.fused):
-                B_buf[j] = Bm[self.headdim + lane * V + j]
-                C_buf[j] = Cm[self.headdim + self.d_state + lane * V + j]
-            else:
-                B_buf[j] = Bm[b, t, g, lane * V + j]
-                C_buf[j] = Cm[b, t, g, lane * V + j]
-        dt_buf[0] = dt[b, t, h]
+            B_buf[j] = staged[P + lane * V + j]
+            if cutlass.const_expr(C_buf is not None):
+                C_buf[j] = staged[P + N + lane * V + j]
 
     @cute.jit
     def _stage_conv(self, a, cv, sConv, b, slot, valid, folds, h, g, tid, io_type):
@@ -397,22 +544,9 @@ class Verify:
         return total
 
     @cute.jit
-    def _load_window_row(self, w_x, w_B, w_dt, slot, i, h, row0, lane, x_buf, B_buf, dt_buf):
-        for r in cutlass.range_constexpr(self.rows_per_warp):
-            x_buf[r] = w_x[slot, i, h, row0 + r]
-        for j in cutlass.range_constexpr(self.cols_per_lane):
-            B_buf[j] = w_B[slot, i, h, lane * self.cols_per_lane + j]
-        dt_buf[0] = w_dt[slot, i, h]
-
-    @cute.jit
-    def _advance(self, a, st, dt_raw, dt_bias, h, A_h, x_raw, B_raw, pool_type):
-        """One token: h = round_to_pool(h·exp(Δ·A) + (Δ·x) ⊗ B), as explicit fmas, shared by the fold and
-        the token loop so that both compute the same bits."""
-        bias = Float32(0.0)
-        if a.has_dt_bias != 0:  # read per token (an L1 hit): held across the loop, ptxas spills it on sm_100
-            bias = dt_bias[h]
-        delta = delta_from_dt(dt_raw.to(Float32), bias, a.dt_softplus, a.dt_min, a.dt_max)
-        decay = cute.math.exp(delta * A_h)
+    def _advance(self, st, delta: Float32, decay: Float32, x_raw, B_raw, pool_type: cutlass.Constexpr):
+        """One token: h = round_to_pool(h·decay + (Δ·x) ⊗ B), as explicit fmas, shared by the fold and the token
+        loop so that both compute the same bits."""
         for r in cutlass.range_constexpr(self.rows_per_warp):
             dtx = delta * x_raw[r].to(Float32)
             for j in cutlass.range_constexpr(self.cols_per_lane):
@@ -442,8 +576,10 @@ class Verify:
 
     @cute.jit
     def _count(self, a, h, tid):
-        """Count one rejected index per request (head 0, thread 0) when the caller passed a counter."""
+        """Count one rejected index per request (head 0, its first row split, thread 0) when the caller passed a
+        counter."""
+        _, _, split = cute.arch.block_idx()
         if a.has_rejected != 0:
-            if h == 0:
+            if h == 0 and split == 0:
                 if tid == 0:
                     cute.arch.atomic_add(a.rejected, Int32(1))

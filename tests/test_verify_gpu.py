@@ -136,8 +136,16 @@ def _window(num_slots, capacity, H, P, N, io):
 def test_compact_replay_equals_snapshot_bitwise(pool, P):
     """Scripted speculative decoding: per call T draft rows, then the caller accepts some of them.
     (P = 128 takes several row passes in both modes, P = 64 one pass in compact mode and two in snapshot.)"""
-    batch, T, H, N, G, capacity = 2, 5, 16, 128, 4, 8
-    accepted_script = [3, 0, 2, 0, 0, 1, 5]
+    _compact_replay_against_snapshot(pool, P, T=5, capacity=8, accepted_script=[3, 0, 2, 0, 0, 1, 5])
+
+
+def test_long_compact_replay_equals_snapshot_bitwise():
+    """Windows longer than one staged tile (16 rows): the fold and the new rows each take two tiles."""
+    _compact_replay_against_snapshot("fp32", 64, T=18, capacity=24, accepted_script=[17, 0, 18, 3])
+
+
+def _compact_replay_against_snapshot(pool, P, *, T, capacity, accepted_script):
+    batch, H, N, G = 2, 16, 128, 4
     num_slots = 2 + batch * T
     base = Case(batch=batch, T=T, H=H, P=P, N=N, G=G, pool=pool, num_slots=num_slots)
     src = torch.tensor([0, 1], dtype=torch.int32, device="cuda")
@@ -171,6 +179,60 @@ def test_compact_replay_equals_snapshot_bitwise(pool, P):
             snap_pool[src.long()] = snap_pool[snaps[:, accepted - 1].long()]
     torch.cuda.synchronize()
     assert torch.equal(compact_pool[:2], snap_pool[:2]), "committed states differ"
+
+
+def test_long_update_stages_rows_in_tiles():
+    """T = 37: three staged tiles, against the oracle and bitwise against snapshot mode's last state."""
+    case = Case(T=37, pool="fp32", num_slots=8, D="HP")
+    idx = torch.tensor([0, 1, 2, 3], dtype=torch.int32, device="cuda")
+    pool_gpu, out = case.pool.clone(), case.out()
+    _launch("update", case, pool_gpu, out, idx)
+    ref = reference.verify_update(case.pool.cpu(), idx.cpu(), pool_dtype=torch.float32, **case.oracle_args())
+    tol_out, tol_states = _tolerances("bf16", "fp32")
+    reference.assert_close_scaled(out.cpu(), ref.out, tol_out, "out")
+    reference.assert_close_scaled(pool_gpu[:4].cpu(), ref.pool[:4], tol_states, "states")
+    snaps = torch.full((4, 37), -1, dtype=torch.int32, device="cuda")
+    snaps[:, -1] = torch.arange(4, 8, dtype=torch.int32, device="cuda")
+    snap_pool, snap_out = case.pool.clone(), case.out()
+    _launch("snapshot", case, snap_pool, snap_out, idx, snapshot_indices=snaps)
+    assert torch.equal(snap_out, out) and torch.equal(snap_pool[4:8], pool_gpu[:4])
+
+
+@pytest.mark.parametrize("mode", ["update", "snapshot"])
+def test_split_unsplit_and_unaligned_calls_agree_bitwise(mode):
+    """The same requests three ways: a small call (its row passes in two CTAs each), inside a batch large enough
+    for one CTA per (head, request), and with x, B, C, z unaligned for 16-byte copies (element-wise staging)."""
+    H, T, small, large = 16, 3, 4, 12   # 16 x 4 CTAs split; 16 x 12 = 192 > 132 do not
+    case = Case(batch=large, T=T, H=H, num_slots=2 * large * (T + 1))
+    idx = torch.arange(large, dtype=torch.int32, device="cuda")
+
+    def extra(rows):   # snapshots of request b's token t go to slot large + b * T + t
+        if mode == "update":
+            return {}
+        return {"snapshot_indices": (large + torch.arange(rows * T, dtype=torch.int32, device="cuda")).view(rows, T)}
+
+    pool_large, out_large = case.pool.clone(), case.out()
+    _launch(mode, case, pool_large, out_large, idx, **extra(large))
+
+    head = {k: (v[:small] if isinstance(v, torch.Tensor) and v.dim() >= 3 else v) for k, v in case.kwargs.items()}
+    pool_small, out_small = case.pool.clone(), case.out()[:small]
+    _runtime().launch("verify", mode=mode, state=pool_small, out=out_small, state_indices=idx[:small],
+                      **head, **extra(small))
+
+    unaligned = dict(head)
+    for name in ("x", "B", "C", "z"):   # the same values one element into a larger buffer
+        v = head[name]
+        buffer = torch.empty(v.numel() + 1, dtype=v.dtype, device="cuda")
+        unaligned[name] = buffer[1:].view(v.shape).copy_(v)
+    pool_unaligned, out_unaligned = case.pool.clone(), case.out()[:small]
+    _runtime().launch("verify", mode=mode, state=pool_unaligned, out=out_unaligned, state_indices=idx[:small],
+                      **unaligned, **extra(small))
+    torch.cuda.synchronize()
+
+    assert torch.equal(out_small, out_large[:small]) and torch.equal(out_unaligned, out_small)
+    written = list(range(small)) if mode == "update" else list(range(large, large + small * T))
+    assert torch.equal(pool_small[written], pool_large[written])
+    assert torch.equal(pool_unaligned, pool_small)
 
 
 VARIANT_SWEEP = [(P, N, io, pool) for P in (64, 128) for N in (64, 128, 256) for io in ("bf16", "fp16", "fp32")

@@ -35,12 +35,38 @@ def test_valid_call_binds_every_parameter(mode):
     args = {k: as_device_array(v, k) if k in plan.arrays else v for k, v in verify_args(mode).items()}
     call = plan.bind(**args)
     assert set(call.params) == set(plan.param_names)
-    assert call.grid == (H, BATCH, 1)
+    # a small update / snapshot call runs its row passes in two CTAs (grid z); compact never splits
+    assert call.grid == (H, BATCH, 1 if mode == "compact" else 2) and call.params["row_splits"] == call.grid[2]
+    assert call.params["vector_rows"] == 1
     assert call.constants == {"mode": mode, "headdim": P, "d_state": N, "io_dtype": "fp16", "pool_dtype": "fp32",
                               "conv_dtype": "none"}
     assert call.params["heads_per_group"] == H // G and call.params["window_capacity"] == (CAP if mode == "compact"
                                                                                             else 0)
     assert call.params["stride_D_dim"] == 1 and call.params["has_z"] == 1
+
+
+def bind(**over):
+    plan = PLANS["verify"]
+    return plan.bind(**{k: as_device_array(v, k) if k in plan.arrays else v for k, v in verify_args(**over).items()})
+
+
+def test_calls_that_fill_the_gpu_run_one_cta_per_head_and_request():
+    many = 132 // H + 1
+    call = bind(x=fake_array(0x70000000, (many, T, H, P), "fp16"), dt=fake_array(0x71000000, (many, T, H), "fp16"),
+                B=fake_array(0x72000000, (many, T, G, N), "fp16"), C=fake_array(0x73000000, (many, T, G, N), "fp16"),
+                out=fake_array(0x74000000, (many, T, H, P), "fp16"), z=fake_array(0x75000000, (many, T, H, P), "fp16"),
+                state_indices=fake_array(0x76000000, (many,), "int32"))
+    assert call.grid == (H, many, 1) and call.params["row_splits"] == 1
+
+
+@pytest.mark.parametrize("name, array", [
+    ("x", fake_array(0x70000002, (BATCH, T, H, P), "fp16")),                           # base off 16 bytes
+    ("B", fake_array(0x70000000, (BATCH, T, G, N), "fp16", (T * G * (N + 4), G * (N + 4), N + 4, 1))),
+    ("window_x", fake_array(0x70000000, (SLOTS, CAP, H, P), "fp16", (CAP * H * (P + 1), H * (P + 1), P + 1, 1))),
+])
+def test_rows_not_in_whole_vectors_are_staged_element_by_element(name, array):
+    """Unaligned bases and odd strides are legal inputs: the kernel copies their rows element by element."""
+    assert bind(mode="compact", **{name: array}).params["vector_rows"] == 0
 
 
 def test_D_per_head_broadcasts_over_headdim():

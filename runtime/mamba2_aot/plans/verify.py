@@ -64,7 +64,10 @@ to that range and counted. Slots (and snapshot targets) must be distinct within 
 The recurrent state is rounded to the pool dtype after every token, as if stored and reloaded, so that T
 one-token updates equal one T-token update, and compact replay equals snapshot mode, bitwise. A fresh
 window record is all zeros (``window_count`` zero); compact mode accepts T = 0 (fold only: a commit) and
-T <= capacity. No workspace. One CTA per (head, request): grid rule ``heads,batch``.
+T <= capacity. x, B, C, z and the window's x and B move in 16-byte vectors when every one of them has a 16-byte
+aligned base and outer strides in whole vectors (``vector_rows``); any other layout is legal and copied
+element by element (same results, slower). No workspace. One CTA per (head, request), or two for a small update or snapshot call (one per
+half of the state's row passes): grid rule ``heads,batch,row_splits``.
 """
 from __future__ import annotations
 
@@ -80,6 +83,11 @@ from .pool_requests import bind_requests
 from .ssm_inputs import SSM_STRIDES, bind_ssm_gates, bind_ssm_inputs, x_shape
 
 MODES = ("update", "snapshot", "compact")
+# A call of at most this many (head, request) CTAs leaves SMs idle (one CTA each on an H100 / H200's 132 SMs): an
+# update or snapshot call then runs its state's row passes in two CTAs (grid z, the kernel's row_splits). A
+# constant, not the device's (like ssd_fwd's CTA_SLOTS). Compact and fused calls never split: a later pass
+# reads what the last one writes (the window's B rows, the staged conv rows).
+SPLIT_AT_MOST = 132
 IO_DTYPES = ("bf16", "fp16", "fp32")
 FUSED_IO_DTYPES = ("bf16", "fp16")
 MAX_FUSED_ROWS = 16                  # the rows a fused call stages at once (kernel_src/verify.py STAGED_ROWS)
@@ -90,7 +98,7 @@ CONV_WINDOW = ("conv_window_count", "conv_window_xBC")
 
 class VerifyPlan(LaunchPlan):
     family = "verify"
-    grid_rule = "heads,batch"
+    grid_rule = "heads,batch,row_splits"
     param_names = (
         ("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "out",
          "state_indices", "snapshot_indices", "num_accepted",
@@ -101,7 +109,8 @@ class VerifyPlan(LaunchPlan):
         + stride_names("num_accepted", "batch") + stride_names("window_count", "slot", "head")
         + stride_names("window_x", "slot", "row", "head") + stride_names("window_B", "slot", "row", "head")
         + stride_names("window_dt", "slot", "row", "head")
-        + ("has_D", "has_z", "has_dt_bias", "dt_softplus", "has_rejected", "dt_min", "dt_max")
+        + ("has_D", "has_z", "has_dt_bias", "dt_softplus", "has_rejected", "vector_rows", "row_splits",
+           "dt_min", "dt_max")
         + ("conv_state", "xBC", "conv_weight", "conv_bias", "conv_window_count", "conv_window_xBC", "tickets",
            "channels", "width")
         + stride_names("conv_state", "slot", "channel", "tap") + stride_names("xBC", "batch", "seqlen", "channel")
@@ -227,6 +236,10 @@ class VerifyPlan(LaunchPlan):
                                      f"window_x's {capacity}")
                 outputs += [conv_window_count, conv_window_xBC]
         params["window_capacity"] = capacity
+        staged = (z, window_x, window_B) if fused else (x, B, C, z, window_x, window_B)
+        params["vector_rows"] = int(all(_whole_vectors(arr) for arr in staged if arr is not None))
+        splits = 2 if mode != "compact" and not fused and nheads * batch <= SPLIT_AT_MOST else 1
+        params["row_splits"] = splits
         # arrays this call does not pass (other modes', absent options): null pointer and zero strides
         null_absent(params, self.param_names, ("rejected", "snapshot_indices", "num_accepted", "x", "B", "C") + WINDOW
                     + ("xBC", "conv_state", "conv_weight", "conv_bias", "tickets") + CONV_WINDOW)
@@ -237,7 +250,7 @@ class VerifyPlan(LaunchPlan):
         return BoundCall(
             constants={"mode": mode, "headdim": headdim, "d_state": d_state, "io_dtype": out.dtype,
                        "pool_dtype": state.dtype, "conv_dtype": conv_state.dtype if fused else "none"},
-            grid=(nheads, batch, 1),
+            grid=(nheads, batch, splits),
             params=params,
             inputs=tuple(inputs),
             outputs=tuple(outputs),
@@ -262,3 +275,9 @@ def _bind_fused_conv(params: dict, *, xBC, conv_state, conv_weight, conv_bias, a
                                      channels=channels)
     bind_conv_pool(params, conv_state, channels=channels, width=params["width"], io_dtype=xBC.dtype)
     return read
+
+
+def _whole_vectors(arr) -> bool:
+    """Whether the kernel may stage ``arr``'s rows (its last dim) in 16-byte vectors: a 16-byte aligned base and
+    outer strides in whole vectors. Arrays that are not get element copies (slower, same results)."""
+    return arr.ptr % 16 == 0 and all(s * arr.itemsize % 16 == 0 for s in arr.strides[:-1])
