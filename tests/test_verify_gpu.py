@@ -139,9 +139,39 @@ def test_compact_replay_equals_snapshot_bitwise(pool, P):
     _compact_replay_against_snapshot(pool, P, T=5, capacity=8, accepted_script=[3, 0, 2, 0, 0, 1, 5])
 
 
-def test_long_compact_replay_equals_snapshot_bitwise():
-    """Windows longer than one staged tile (16 rows): the fold and the new rows each take two tiles."""
-    _compact_replay_against_snapshot("fp32", 64, T=18, capacity=24, accepted_script=[17, 0, 18, 3])
+@pytest.mark.parametrize("P", [64, 128])
+def test_long_compact_replay_equals_snapshot_bitwise(P):
+    """Windows longer than one staged tile (16 rows): the fold and the new rows each take two tiles (P = 128:
+    in each of two row passes, restaged)."""
+    _compact_replay_against_snapshot("fp32", P, T=18, capacity=24, accepted_script=[17, 0, 18, 3])
+
+
+def test_unaligned_window_is_read_and_written_element_by_element():
+    """A window record one element off 16 bytes (element copies for the fold's reads and the new window's
+    writes) gives the aligned record's results bitwise: outputs, the folded state, the new window."""
+    batch, T, H, P, N, G, capacity = 2, 5, 16, 64, 128, 4, 8
+    results = []
+    for offset in (0, 1):
+        case = Case(batch=batch, T=T, H=H, P=P, N=N, G=G, num_slots=4, seed=5)
+        window = _window(4, capacity, H, P, N, "bf16")
+        gen = torch.Generator(device="cuda").manual_seed(9)
+        for name in ("window_x", "window_B", "window_dt"):
+            window[name].copy_(torch.randn(window[name].shape, generator=gen, device="cuda") * 0.5)
+        window["window_count"].fill_(capacity)
+        for name in ("window_x", "window_B"):
+            v = window[name]
+            buffer = torch.empty(v.numel() + offset, dtype=v.dtype, device="cuda")
+            window[name] = buffer[offset:].view(v.shape).copy_(v)
+        pool, out = case.pool.clone(), case.out()
+        accepted = torch.tensor([6, 3], dtype=torch.int32, device="cuda")
+        _launch("compact", case, pool, out, torch.tensor([1, 2], dtype=torch.int32, device="cuda"),
+                num_accepted=accepted, **window)
+        torch.cuda.synchronize()
+        results.append((out, pool, window))
+    (out_a, pool_a, win_a), (out_u, pool_u, win_u) = results
+    assert torch.equal(out_a, out_u) and torch.equal(pool_a, pool_u)
+    for name in win_a:
+        assert torch.equal(win_a[name], win_u[name]), name
 
 
 def _compact_replay_against_snapshot(pool, P, *, T, capacity, accepted_script):

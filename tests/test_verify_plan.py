@@ -59,6 +59,12 @@ def test_calls_that_fill_the_gpu_run_one_cta_per_head_and_request():
     assert call.grid == (H, many, 1) and call.params["row_splits"] == 1
 
 
+def test_a_state_of_one_row_pass_is_not_split():
+    call = bind(state=fake_array(0x70000000, (SLOTS, H, P, 64), "fp32"), B=fake_array(0x71000000, (BATCH, T, G, 64),
+                "fp16"), C=fake_array(0x72000000, (BATCH, T, G, 64), "fp16"))
+    assert call.grid == (H, BATCH, 1) and call.params["row_splits"] == 1
+
+
 @pytest.mark.parametrize("name, array", [
     ("x", fake_array(0x70000002, (BATCH, T, H, P), "fp16")),                           # base off 16 bytes
     ("B", fake_array(0x70000000, (BATCH, T, G, N), "fp16", (T * G * (N + 4), G * (N + 4), N + 4, 1))),

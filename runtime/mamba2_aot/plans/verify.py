@@ -66,8 +66,8 @@ one-token updates equal one T-token update, and compact replay equals snapshot m
 window record is all zeros (``window_count`` zero); compact mode accepts T = 0 (fold only: a commit) and
 T <= capacity. x, B, C, z and the window's x and B move in 16-byte vectors when every one of them has a 16-byte
 aligned base and outer strides in whole vectors (``vector_rows``); any other layout is legal and copied
-element by element (same results, slower). No workspace. One CTA per (head, request), or two for a small update or snapshot call (one per
-half of the state's row passes): grid rule ``heads,batch,row_splits``.
+element by element (same results, slower). No workspace. One CTA per (head, request), or two for a small
+update or snapshot call (one per half of the state's row passes): grid rule ``heads,batch,row_splits``.
 """
 from __future__ import annotations
 
@@ -238,7 +238,9 @@ class VerifyPlan(LaunchPlan):
         params["window_capacity"] = capacity
         staged = (z, window_x, window_B) if fused else (x, B, C, z, window_x, window_B)
         params["vector_rows"] = int(all(_whole_vectors(arr) for arr in staged if arr is not None))
-        splits = 2 if mode != "compact" and not fused and nheads * batch <= SPLIT_AT_MOST else 1
+        # (a P64 N64 state is one row pass: nothing to split)
+        splittable = mode != "compact" and not fused and headdim * d_state > 64 * 64
+        splits = 2 if splittable and nheads * batch <= SPLIT_AT_MOST else 1
         params["row_splits"] = splits
         # arrays this call does not pass (other modes', absent options): null pointer and zero strides
         null_absent(params, self.param_names, ("rejected", "snapshot_indices", "num_accepted", "x", "B", "C") + WINDOW
