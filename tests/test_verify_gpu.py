@@ -123,6 +123,12 @@ def test_single_token_updates_equal_one_multi_token_update_bitwise(pool):
     assert torch.equal(pool_multi, pool_single)
 
 
+def _copy_at(v, offset):
+    """A contiguous copy of ``v`` starting ``offset`` elements into a larger buffer (1: off 16-byte alignment)."""
+    buffer = torch.empty(v.numel() + offset, dtype=v.dtype, device="cuda")
+    return buffer[offset:].view(v.shape).copy_(v)
+
+
 def _window(num_slots, capacity, H, P, N, io):
     dtype = TORCH_DTYPES[io]
     return {"window_count": torch.zeros(num_slots, H, dtype=torch.int32, device="cuda"),
@@ -159,9 +165,7 @@ def test_unaligned_window_is_read_and_written_element_by_element():
             window[name].copy_(torch.randn(window[name].shape, generator=gen, device="cuda") * 0.5)
         window["window_count"].fill_(capacity)
         for name in ("window_x", "window_B"):
-            v = window[name]
-            buffer = torch.empty(v.numel() + offset, dtype=v.dtype, device="cuda")
-            window[name] = buffer[offset:].view(v.shape).copy_(v)
+            window[name] = _copy_at(window[name], offset)
         pool, out = case.pool.clone(), case.out()
         accepted = torch.tensor([6, 3], dtype=torch.int32, device="cuda")
         _launch("compact", case, pool, out, torch.tensor([1, 2], dtype=torch.int32, device="cuda"),
@@ -250,10 +254,8 @@ def test_split_unsplit_and_unaligned_calls_agree_bitwise(mode):
                       **head, **extra(small))
 
     unaligned = dict(head)
-    for name in ("x", "B", "C", "z"):   # the same values one element into a larger buffer
-        v = head[name]
-        buffer = torch.empty(v.numel() + 1, dtype=v.dtype, device="cuda")
-        unaligned[name] = buffer[1:].view(v.shape).copy_(v)
+    for name in ("x", "B", "C", "z"):
+        unaligned[name] = _copy_at(head[name], 1)
     pool_unaligned, out_unaligned = case.pool.clone(), case.out()[:small]
     _runtime().launch("verify", mode=mode, state=pool_unaligned, out=out_unaligned, state_indices=idx[:small],
                       **unaligned, **extra(small))

@@ -120,6 +120,17 @@ def record_strides(params: dict, arr: DeviceArray, dims: tuple[str, ...]) -> Non
     params.update(zip(stride_names(arr.name, *dims), arr.strides))
 
 
+def vector_misfit(a: DeviceArray) -> str | None:
+    """Why the rows of ``a`` (its contiguous last dim) cannot move in 16-byte vectors: "pointer" (the base is not
+    16-byte aligned) or "strides" (an outer stride, of a dim longer than 1, is not a whole number of 16 bytes);
+    None when they can. The kernels that copy rows this way check it once here."""
+    if a.ptr % 16:
+        return "pointer"
+    if any(s * a.itemsize % 16 for s, n in zip(a.strides[:-1], a.shape) if n > 1):
+        return "strides"
+    return None
+
+
 def expect_state_blocks(arr: DeviceArray, d_state: int, block: str) -> None:
     """A state array whose ``block`` blocks (e.g. "(sequence, head)") are contiguous headdim × d_state matrices, as
     the kernels address them."""

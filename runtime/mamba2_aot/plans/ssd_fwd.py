@@ -76,7 +76,7 @@ import math
 from ..errors import AlignmentError, InvalidArgumentError, ShapeError, StrideError
 from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_complete, expect_dim, expect_dt_limit,
                           expect_dtype, expect_given, expect_int, expect_rank, expect_shape, null_absent,
-                          expect_state_blocks, record_strides, stride_names)
+                          expect_state_blocks, record_strides, stride_names, vector_misfit)
 from ..tensors import DeviceArray, as_device_array
 from .base import CompositePlan
 from .sequence_states import bind_cu_seqlens, bind_sequence_states, state_dtype
@@ -316,10 +316,10 @@ def expect_workspace(workspace: DeviceArray, family: str, needed: int = 0) -> No
 
 def expect_vector_operand(arr) -> None:
     """x, z, B, C (and out) move 16 bytes at a time: 16-byte aligned base, strides multiples of 8 elements."""
-    if arr.ptr % (VECTOR * arr.itemsize):
+    misfit = vector_misfit(arr)
+    if misfit == "pointer":
         raise AlignmentError(arr.name, f"{arr.name}: data pointer {arr.ptr:#x} must be 16-byte aligned")
-    strides = arr.strides[:-1]
-    if any(s % VECTOR for s, n in zip(strides, arr.shape) if n > 1):
+    if misfit == "strides":
         raise StrideError(arr.name, f"{arr.name}: strides {arr.strides} must be multiples of {VECTOR} elements "
                           "(16 bytes) except the last")
 

@@ -76,7 +76,7 @@ import math
 from ..errors import AlignmentError, InvalidArgumentError, ShapeError, StrideError
 from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_complete, expect_dim, expect_dt_limit,
                           expect_dtype, expect_given, expect_mode_args, expect_rank, expect_shape, null_absent,
-                          expect_state_blocks, record_strides, stride_names)
+                          expect_state_blocks, record_strides, stride_names, vector_misfit)
 from .base import LaunchPlan
 from .conv_inputs import ACTIVATIONS, CONV_STRIDES, bind_conv_pool, bind_conv_weights, bind_conv_window, bind_tickets
 from .pool_requests import bind_requests
@@ -118,8 +118,9 @@ class VerifyPlan(LaunchPlan):
         + stride_names("conv_window_xBC", "slot", "row", "channel") + stride_names("tickets", "slot", "group")
         + ("has_conv_bias", "silu")
     )
-    arrays = ("state", "x", "dt", "A", "B", "C", "out", "state_indices", "D", "z", "dt_bias", "snapshot_indices",
-              "num_accepted", "rejected") + WINDOW + ("xBC", "conv_state", "conv_weight", "conv_bias", "tickets") + CONV_WINDOW
+    arrays = (("state", "x", "dt", "A", "B", "C", "out", "state_indices", "D", "z", "dt_bias", "snapshot_indices",
+               "num_accepted", "rejected") + WINDOW + ("xBC", "conv_state", "conv_weight", "conv_bias", "tickets")
+              + CONV_WINDOW)
 
     def bind(self, *, mode, state, dt, A, out, state_indices, x=None, B=None, C=None, D=None, z=None, dt_bias=None,
              dt_softplus=False, dt_limit=(0.0, math.inf), snapshot_indices=None, num_accepted=None,
@@ -237,7 +238,7 @@ class VerifyPlan(LaunchPlan):
                 outputs += [conv_window_count, conv_window_xBC]
         params["window_capacity"] = capacity
         staged = (z, window_x, window_B) if fused else (x, B, C, z, window_x, window_B)
-        params["vector_rows"] = int(all(_whole_vectors(arr) for arr in staged if arr is not None))
+        params["vector_rows"] = int(not any(vector_misfit(arr) for arr in staged if arr is not None))
         # (a P64 N64 state is one row pass: nothing to split)
         splittable = mode != "compact" and not fused and headdim * d_state > 64 * 64
         splits = 2 if splittable and nheads * batch <= SPLIT_AT_MOST else 1
@@ -277,9 +278,3 @@ def _bind_fused_conv(params: dict, *, xBC, conv_state, conv_weight, conv_bias, a
                                      channels=channels)
     bind_conv_pool(params, conv_state, channels=channels, width=params["width"], io_dtype=xBC.dtype)
     return read
-
-
-def _whole_vectors(arr) -> bool:
-    """Whether the kernel may stage ``arr``'s rows (its last dim) in 16-byte vectors: a 16-byte aligned base and
-    outer strides in whole vectors. Arrays that are not get element copies (slower, same results)."""
-    return arr.ptr % 16 == 0 and all(s * arr.itemsize % 16 == 0 for s in arr.strides[:-1])
