@@ -4,17 +4,18 @@
 
 Shape: H128 P64 N128 G8 (Nemotron-H-like decode), bf16 activations, fp32 state pool, batch 1/8/64/256,
 T = 1/4/8. Times are CUDA-graph replays (median over replays of a graph holding several launches, each
-launch on its own pool slots so nothing stays in L2); the roofline is the minimum bytes each call must
-move divided by the device-to-device copy bandwidth measured in the same run. Triton at T > 1 is a loop of
-T single-token calls (it has no multi-token verify).
+launch on its own pool slots so nothing stays in L2), ours and Triton side by side in one fresh process per
+shape; the roofline is the minimum bytes each call must move divided by the device-to-device copy bandwidth
+measured in the same run. Triton at T > 1 is a loop of T single-token calls (it has no multi-token verify).
 """
 from __future__ import annotations
 
 import argparse
+import functools
 
 import torch
 
-from common import baseline_in_child, copy_bandwidth, eager_time_us, graph_time_us, rotation
+from common import copy_bandwidth, eager_time_us, graph_time_us, rotation, side_by_side_in_child
 
 H, P, N, G = 128, 64, 128, 8
 BATCHES = (1, 8, 64, 256)
@@ -101,6 +102,16 @@ def bench_triton(batch, T):
     return {"us": graph_time_us(run, rotate), "eager_us": eager_time_us(run, rotate)}
 
 
+def measure(batch, T, bw, baseline=True, modes=("update", "snapshot", "compact")) -> dict:
+    """Ours (:func:`bench_ours`) and, with ``baseline``, Triton's (:func:`bench_triton`, under ``"triton"``, None
+    when it failed) side by side in one fresh process; without it ours in this process."""
+    ours = functools.partial(bench_ours, bw=bw, modes=modes)
+    if not baseline:
+        return ours(batch, T)
+    mine, triton = side_by_side_in_child(ours, bench_triton, batch, T)
+    return {**mine, "triton": triton}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, nargs="+", default=BATCHES)
@@ -113,8 +124,8 @@ def main():
           f"{'compact':>8} {'nofold':>8} {'upd/tri':>7} {'snap/cmp':>8}")
     for batch in args.batches:
         for T in args.ts:
-            ours = bench_ours(batch, T, bw)
-            triton = None if args.no_baseline else baseline_in_child(bench_triton, batch, T)
+            ours = measure(batch, T, bw, baseline=not args.no_baseline)
+            triton = ours.get("triton")
             triton_us = float("nan") if triton is None else triton["us"]
             u, s, c = ours["update"], ours["snapshot"], ours["compact"]
             print(f"{batch:>5} {T:>2} {triton_us:8.1f} {u['us']:8.1f} {100 * u['floor_us'] / u['us']:6.0f}% "

@@ -28,7 +28,7 @@ import bench_conv
 import bench_ssd_bwd
 import bench_ssd_fwd
 import bench_verify
-from common import baseline_in_child, copy_bandwidth, provenance
+from common import copy_bandwidth, provenance
 
 HERE = Path(__file__).resolve().parent
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -111,9 +111,7 @@ def main():
                              "rows": []}
         for batch in bench_verify.BATCHES:
             for T in bench_verify.TS:
-                row = {"batch": batch, "T": T, **bench_verify.bench_ours(batch, T, bw)}
-                if baseline:
-                    row["triton"] = baseline_in_child(bench_verify.bench_triton, batch, T)
+                row = {"batch": batch, "T": T, **bench_verify.measure(batch, T, bw, baseline)}
                 results["verify"]["rows"].append(row)
                 print(f"verify batch {batch:>3} T {T}: update {row['update']['us']:8.1f} us  triton "
                       f"{(row.get('triton') or {}).get('us', float('nan')):8.1f} us", flush=True)
@@ -136,9 +134,7 @@ def main():
             "decode_by_batch": [],
         }
         for batch in DECODE_BATCHES:
-            row = {"batch": batch, **bench_verify.bench_ours(batch, 1, bw, modes=("update",))}
-            if baseline:
-                row["triton"] = baseline_in_child(bench_verify.bench_triton, batch, 1)
+            row = {"batch": batch, **bench_verify.measure(batch, 1, bw, baseline, modes=("update",))}
             results["scaling"]["decode_by_batch"].append(row)
         print("scaling sweeps done", flush=True)
 
