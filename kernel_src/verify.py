@@ -36,8 +36,10 @@ update or snapshot call (row_splits 2) runs the row passes of a state in two CTA
 Staged rows: a call's token inputs (x, B, C, z, dt; fused: the conv's x, B, C) and compact mode's pending window
 rows are copied into shared memory STAGED_ROWS at a time (16-byte cp.async, issued before the state loads, or
 element copies when the runtime found an array unaligned for it), and each row's Δ, exp(Δ·A) and silu(z) are
-computed there by all threads at once. The sequential part, one token after another, then reads shared memory
-only: with each token's loads from global memory in that chain, T = 8 cost 3x a decode of the same bytes.
+computed there by all threads at once (in compact mode Δ·x too). The sequential part, one token after another,
+then reads shared memory only: with each token's loads from global memory in that chain, T = 8 cost 3x a decode
+of the same bytes. A decode (update or snapshot with T = 1) stages nothing: each lane reads its own inputs into
+registers and computes Δ itself, with no barrier between its loads and its state update.
 """
 from __future__ import annotations
 
@@ -60,14 +62,35 @@ MAX_WARPS = 8
 # Rows of token inputs staged in shared memory at once; a fused call computes all of its conv rows at once, so it
 # takes at most this many (the runtime refuses more; a longer prefill is conv1d_fwd + ssd_fwd).
 STAGED_ROWS = 16
+# Dynamic shared memory per CTA with two CTAs on an SM of the H100 / H200 / B200 (228 KiB, 1 KiB reserved per CTA).
+SMEM_PER_CTA_AT_TWO = (228 - 2) * 1024 // 2
 
 
 class StagedRows:
     """A tile of staged rows in shared memory (a trace-time record): ``rows`` (STAGED_ROWS, row_len) in the I/O
-    dtype, ``coefs`` (STAGED_ROWS, 2) fp32 Δ and exp(Δ·A), ``gates`` (STAGED_ROWS, P) fp32 silu(z) or None."""
+    dtype, ``coefs`` (STAGED_ROWS, 2) fp32 Δ and exp(Δ·A), ``gates`` (STAGED_ROWS, P) fp32 silu(z) or None,
+    ``scaled`` (STAGED_ROWS, P) fp32 Δ·x or None."""
 
-    def __init__(self, rows, coefs, gates):
-        self.rows, self.coefs, self.gates = rows, coefs, gates
+    def __init__(self, rows, coefs, gates, scaled):
+        self.rows, self.coefs, self.gates, self.scaled = rows, coefs, gates, scaled
+
+
+class Tile:
+    """Rows first .. first + count - 1 of a call's rows of ``inputs`` (and dt), held in ``staged`` (a trace-time
+    record)."""
+
+    def __init__(self, inputs, dt_input, staged: StagedRows, first, count):
+        self.inputs, self.dt_input, self.staged, self.first, self.count = inputs, dt_input, staged, first, count
+
+
+class Writes:
+    """Where a token's results go and whose they are (a trace-time record): the outputs, the pool and the
+    snapshot indices; the request, head and slot validity; the lane's rows (``row0`` .. ``row0 + R - 1``, the
+    row it finishes) in the current pass."""
+
+    def __init__(self, out, state, snapshots, b, h, valid, row0, row, lane):
+        self.out, self.state, self.snapshots = out, state, snapshots
+        self.b, self.h, self.valid, self.row0, self.row, self.lane = b, h, valid, row0, row, lane
 
 
 class Gates:
@@ -81,6 +104,7 @@ class Gates:
 class Verify:
     family = "verify"
     grid_rule = "heads,batch,row_splits"
+    target_arch = None  # set by the build (compile_variant) before compiling
     modes = ("update", "snapshot", "compact")
     headdims = (64, 128)
     d_states = (64, 128, 256)
@@ -113,15 +137,22 @@ class Verify:
         self.row_passes = max(1, rows_per_lane * self.cols_per_lane // state_regs)
         self.rows_per_warp = rows_per_lane // self.row_passes
         self.row_bits = self.rows_per_warp.bit_length() - 1  # log2: rows_per_warp is a power of two
+        # Only update and snapshot split a state's row passes over CTAs (grid z): in compact and fused calls a
+        # later pass reads what the last one writes (the window rows, the staged conv rows)
+        self.splittable = mode != "compact" and not self.fused and self.row_passes > 1
+        # A one-token update or snapshot call (decode) reads its inputs straight into registers: no staging and
+        # no barrier between its loads and its state update, whose latency is most of a small call's time
+        self.decodes = mode != "compact" and not self.fused
         self.block = (self.num_warps * WARP, 1, 1)
         # 3 CTAs per SM cap a thread at 80 registers; the compact fold, lanes with 8 columns (N = 256: twice
         # the B and C values in flight) and the fused conv (its address arithmetic) need more and get 2. So do,
         # as the build's spill check found them (the next tile's staging addresses are live across the token
-        # loop), snapshots rounded to a 16-bit pool or with N = 64 (8 rows per lane), and fp32 I/O from P128 N128.
-        tight_snapshots = mode == "snapshot" and (pool_dtype != "fp32" or d_state == 64)
-        wide_io = io_dtype == "fp32" and headdim * d_state >= 128 * 128
-        wide = mode == "compact" or self.cols_per_lane > 4 or self.fused or tight_snapshots or wide_io
-        self.min_ctas_per_sm = 2 if wide else 3
+        # loop, a decode's inputs across the state loads), lanes with 8 rows (N = 64), snapshots rounded to a
+        # 16-bit pool, and fp32 I/O from P64 N128.
+        tight_snapshots = mode == "snapshot" and pool_dtype != "fp32"
+        wide_io = io_dtype == "fp32" and headdim * d_state >= 64 * 128
+        self.wide = (mode == "compact" or self.cols_per_lane > 4 or self.rows_per_warp >= 8 or self.fused
+                     or tight_snapshots or wide_io)
         # a lane's columns are one vector access: the runtime checks the pool's base alignment (bytes)
         self.state_align = min(16, self.cols_per_lane * {"fp32": 4, "bf16": 2, "fp16": 2}[pool_dtype])
         self.cluster = (1, 1, 1)
@@ -139,6 +170,13 @@ class Verify:
         tokens_bytes = rows_bytes + coefs_bytes + STAGED_ROWS * headdim * 4
         pending_bytes = rows_bytes + coefs_bytes if mode == "compact" else 0
         self.dynamic_smem = tokens_bytes + pending_bytes + (16 if self.fused else 0)
+        # compact mode's tiles also hold Δ·x (fp32, computed with the tile's coefficients): its fold and token
+        # loop, most of its time, then skip a conversion and a product per row (T = 8 at batch 64: 334 -> 323 µs;
+        # update and snapshot, at 80 registers, spilled holding them), unless two CTAs would no longer fit an SM
+        scaled_bytes = 2 * STAGED_ROWS * headdim * 4
+        self.scaled_x = mode == "compact" and self.dynamic_smem + scaled_bytes <= SMEM_PER_CTA_AT_TWO
+        if self.scaled_x:
+            self.dynamic_smem += scaled_bytes
 
     def params(self):
         io, pool = self.io_dtype, self.pool_dtype
@@ -172,11 +210,13 @@ class Verify:
     @cute.jit
     def __call__(self, args: tuple, stream):
         a = bind(self.params(), args)
-        # An explicit occupancy target (min_ctas_per_sm): ptxas' own target spilled, and 3 CTAs of 256 threads
-        # per SM keep enough state loads in flight. The carveout is given only so that the DSL does not ask a
-        # device for its shared memory size; it sets nothing in the cubin.
+        # An explicit occupancy target: ptxas' own target spilled, and 3 CTAs of 256 threads per SM keep enough
+        # state loads in flight (sm_90a, measured). sm_100a's register allocation differs (its build spilled
+        # P64 N128 update and snapshot at 3) and cannot be measured here: 2 there. The carveout is given only so
+        # that the DSL does not ask a device for its shared memory size; it sets nothing in the cubin.
+        min_ctas_per_sm = 2 if self.wide or self.target_arch != "sm_90a" else 3
         self.kernel(args).launch(grid=[a.nheads, a.batch, a.row_splits], block=list(self.block),
-                                 smem=self.dynamic_smem, stream=stream, min_blocks_per_mp=self.min_ctas_per_sm,
+                                 smem=self.dynamic_smem, stream=stream, min_blocks_per_mp=min_ctas_per_sm,
                                  preferred_smem_carveout=0)
 
     @cute.kernel
@@ -233,13 +273,15 @@ class Verify:
         # per staged row: its Δ and exp(Δ·A) (and for tokens silu(z) per row of P), computed once per tile by
         # all threads, off the sequential chain of the state update
         coef_layout = cute.make_layout((STAGED_ROWS, 2), stride=(2, 1))
+        per_p = cute.make_layout((STAGED_ROWS, P), stride=(P, 1))
         tokens = StagedRows(smem.allocate_tensor(io_type, staged_layout, 16),
-                            smem.allocate_tensor(Float32, coef_layout, 16),
-                            smem.allocate_tensor(Float32, cute.make_layout((STAGED_ROWS, P), stride=(P, 1)), 16))
+                            smem.allocate_tensor(Float32, coef_layout, 16), smem.allocate_tensor(Float32, per_p, 16),
+                            smem.allocate_tensor(Float32, per_p, 16) if self.scaled_x else None)
         pending = None
         if cutlass.const_expr(compact):
             pending = StagedRows(smem.allocate_tensor(io_type, staged_layout, 16),
-                                 smem.allocate_tensor(Float32, coef_layout, 16), None)
+                                 smem.allocate_tensor(Float32, coef_layout, 16), None,
+                                 smem.allocate_tensor(Float32, per_p, 16))
         cv = None
         if cutlass.const_expr(self.fused):
             K = a.width
@@ -260,11 +302,19 @@ class Verify:
         token_inputs = ((self.z_col, z, b, h, a.has_z),)
         if cutlass.const_expr(not self.fused):
             token_inputs = ((0, x, b, h, 1), (P, Bm, b, g, 1), (P + N, Cm, b, g, 1)) + token_inputs
-        # The first tiles' copies are in flight while the slot index and the state load.
-        self._stage(token_inputs, (dt, b, h), tokens.rows, 0, cute.math.min(T, STAGED_ROWS), a.vector_rows, tid)
-        cute.arch.cp_async_commit_group()
-
+        one_token = Int32(0)
+        if cutlass.const_expr(self.decodes):
+            if T == 1:
+                one_token = Int32(1)
+        # The slot index is read first (the state load waits on it); the first tiles' copies are in flight while
+        # it and the state load.
         slot = view(a.state_indices, (a.batch,), a.stride_state_indices_batch)[b]
+        if one_token == 0:
+            self._stage(token_inputs, (dt, b, h), tokens.rows, 0, cute.math.min(T, STAGED_ROWS), a.vector_rows,
+                        tid)
+        cute.arch.cp_async_commit_group()
+        cur_x, cur_B, cur_C = self._token_buffers(io_type)
+
         valid = Int32(0)
         if slot >= 0:
             if slot < a.num_slots:
@@ -294,74 +344,92 @@ class Verify:
         gates = Gates(bias, A_h, a.dt_softplus, a.dt_min, a.dt_max, a.has_z)
 
         st = cute.make_rmem_tensor((R, V), Float32)
-        cur_x, cur_B, cur_C = self._token_buffers(io_type)
         sums = cute.make_rmem_tensor((R,), Float32)
 
-        # Large states are processed in row passes so that each lane keeps at most R × V values.
-        for row_pass in cutlass.range_constexpr(self.row_passes):
-            # a small update call may run its passes in CTAs of their own (grid z: the runtime's row_splits)
-            if row_pass % a.row_splits == split:
-                last_pass = row_pass == self.row_passes - 1
+        # A small update or snapshot call may run its passes in CTAs of their own (grid z: the runtime's
+        # row_splits): CTA z runs passes z, z + row_splits, ... A CTA past the passes has nothing to do, and so has
+        # any CTA but the first of a call that cannot split (the runtime launches none).
+        first_pass, splits = split * self.row_passes, Int32(1)
+        if cutlass.const_expr(self.splittable):
+            first_pass, splits = split, a.row_splits
+        # The first tiles of every pass: the token rows and, in compact mode, the pending window's rows.
+        first_tiles = (Tile(token_inputs, (dt, b, h), tokens, 0, cute.math.min(T, STAGED_ROWS)),)
+        if cutlass.const_expr(compact):
+            first_tiles += (Tile(fold_inputs, (w_dt, slot, h), pending, 0, cute.math.min(folds, STAGED_ROWS)),)
+
+        # Large states are processed in row passes so that each lane keeps at most R × V values. ``nth`` counts
+        # this CTA's passes (a trace-time constant: its first finds the first tiles staged, a later one may not).
+        for nth in cutlass.range_constexpr(self.row_passes):
+            row_pass = first_pass + nth * splits
+            if row_pass < self.row_passes:
+                last_pass = nth == self.row_passes - 1   # (compact: never split)
+                # Each lane finishes one row: the row totals land on lanes (row - row0) * 32 / R and up.
                 row0 = (row_pass * self.num_warps + warp) * R
+                row = row0 + (lane >> (5 - self.row_bits))
+                dt_now, x_now, z_now = Float32(0.0), Float32(0.0), Float32(0.0)
+                if cutlass.const_expr(self.decodes):
+                    if one_token != 0:   # a decode's inputs, in flight with the state loads
+                        dt_now = dt[b, 0, h].to(Float32)
+                        self._read_columns((Bm[0][b, 0, g, None], 0), (Cm[0][b, 0, g, None], 0), lane, cur_B, cur_C)
+                        x_now, z_now = self._read_rows(x[0], z[0], a.has_z, b, h, row0, row, cur_x)
                 for r in cutlass.range_constexpr(R):
                     for j in cutlass.range_constexpr(V):
                         st[r, j] = Float32(0.0)
                 if valid != 0:
                     self._load_state(state, slot, h, row0, lane, st, pool_type)
-                # Each lane finishes one row: the row totals land on lanes (row - row0) * 32 / R and up.
-                row = row0 + (lane >> (5 - self.row_bits))
                 D_row = Float32(0.0)
                 if a.has_D != 0:   # loaded here, off the chain of the token loop
                     D_row = D[h, row]
-                if cutlass.const_expr(self.fused and row_pass == 0):
+                writes = Writes(out, state, snapshots, b, h, valid, row0, row, lane)
+                if cutlass.const_expr(self.fused and nth == 0):
                     # every row's conv outputs, while the first state loads are in flight; every pass reads them
                     self._stage_conv(a, cv, tokens.rows, b, slot, valid, conv_folds, h, g, tid, io_type)
+                # The first tiles are made ready at once (one wait and two barriers for both); a later pass finds
+                # them still there unless the call has more rows than a tile (then the loops below stage them).
+                if cutlass.const_expr(nth == 0):
+                    if one_token == 0:
+                        self._ready(first_tiles, gates, False, a.vector_rows, tid)
 
                 if cutlass.const_expr(compact):
                     for f0 in range(0, folds, STAGED_ROWS):
                         rows = cute.math.min(folds - f0, STAGED_ROWS)
-                        self._next_tile(fold_inputs, (w_dt, slot, h), pending, gates, f0, rows, folds, row_pass,
+                        if self._restage(f0, folds, nth):
+                            self._ready((Tile(fold_inputs, (w_dt, slot, h), pending, f0, rows),), gates, True,
                                         a.vector_rows, tid)
                         for i in range(rows):
-                            self._read_row(pending.rows[i, None], row0, lane, cur_x, cur_B, None)
+                            self._read_row(pending, i, row0, lane, cur_x, cur_B, None)
                             self._advance(st, pending.coefs[i, 0], pending.coefs[i, 1], cur_x, cur_B, pool_type)
                     if folds > 0:
                         self._store_state(state, slot, h, row0, lane, st, pool_type)
-                    # (every warp's reads of the old window precede any write of the new one: the writes come
-                    # after the token tile's barrier)
+                    # (every warp's reads of the old window precede any write of the new one: each fold tile's
+                    # copies completed before the barrier that made it ready)
 
                 # Padding rows run the token loop too (from a zero state, on their own inputs) so that the warp
                 # shuffles stay in uniform control flow; only the writes depend on the row being valid.
-                for t0 in range(0, T, STAGED_ROWS):
-                    rows = cute.math.min(T - t0, STAGED_ROWS)
-                    self._next_tile(token_inputs, (dt, b, h), tokens, gates, t0, rows, T, row_pass, a.vector_rows, tid)
-                    for i in range(rows):
-                        t = t0 + i
-                        staged = tokens.rows[i, None]
-                        self._read_row(staged, row0, lane, cur_x, cur_B, cur_C)
-                        self._advance(st, tokens.coefs[i, 0], tokens.coefs[i, 1], cur_x, cur_B, pool_type)
-                        for r in cutlass.range_constexpr(R):
-                            sums[r] = Float32(0.0)
-                            for j in cutlass.range_constexpr(V):
-                                sums[r] = cute.math.fma(st[r, j], cur_C[j].to(Float32), sums[r])
-                        y = self._reduce_rows(sums, lane)
-                        if a.has_D != 0:
-                            y = cute.math.fma(D_row, staged[row].to(Float32), y)
+                if cutlass.const_expr(self.decodes):
+                    if one_token != 0:
+                        # the functions _prepare_coefs and _prepare_columns apply, on the same values: a decode
+                        # equals a token of a longer call bitwise
+                        delta = delta_from_dt(dt_now, bias, a.dt_softplus, a.dt_min, a.dt_max)
+                        now = cute.make_rmem_tensor((2,), Float32)   # the row's x and z gate
+                        now[0] = x_now
                         if a.has_z != 0:
-                            y = y * tokens.gates[i, row]
-                        if valid == 0:
-                            y = Float32(0.0)
-                        if lane % (WARP // R) == 0:
-                            out[b, t, h, row] = y.to(io_type)
-                        if valid != 0:
-                            if cutlass.const_expr(self.mode == "snapshot"):
-                                target = snapshots[b, t]
-                                if cutlass.const_expr(row_pass == 0):
-                                    if target >= a.num_slots:
-                                        self._count(a, h, tid)
-                                if target >= 0:
-                                    if target < a.num_slots:
-                                        self._store_state(state, target, h, row0, lane, st, pool_type)
+                            now[1] = silu(z_now)
+                        self._token(a, writes, st, sums, (cur_x, cur_B, cur_C), (delta, cute.math.exp(delta * A_h)),
+                                    (now, 0), (now, 1), D_row, 0, nth, tid)
+                for t0 in range(0, T * (1 - one_token), STAGED_ROWS):
+                    rows = cute.math.min(T - t0, STAGED_ROWS)
+                    if self._restage(t0, T, nth):
+                        self._ready((Tile(token_inputs, (dt, b, h), tokens, t0, rows),), gates, True, a.vector_rows,
+                                    tid)
+                    # (ptxas cannot prove the warp converged after the conditional code before a tile, and then
+                    # guards every shuffle below with a divergent fallback: 40 more instructions a token)
+                    cute.arch.sync_warp()
+                    for i in range(rows):
+                        self._read_row(tokens, i, row0, lane, cur_x, cur_B, cur_C)
+                        self._token(a, writes, st, sums, (cur_x, cur_B, cur_C),
+                                    (tokens.coefs[i, 0], tokens.coefs[i, 1]), (tokens.rows[i, None], row),
+                                    (tokens.gates[i, None], row), D_row, t0 + i, nth, tid)
                     if cutlass.const_expr(compact and last_pass):
                         if valid != 0:
                             # the tile's rows become the new pending window, now that every pass has folded the
@@ -374,17 +442,18 @@ class Verify:
                         self._store_state(state, slot, h, row0, lane, st, pool_type)
 
         if cutlass.const_expr(compact):
-            if valid != 0:
+            if valid != 0 and split == 0:
                 if tid == 0:
                     w_count[slot, h] = T
         if cutlass.const_expr(self.fused):
-            if valid != 0:
+            if valid != 0 and split == 0:
                 self._conv_bookkeeping(a, cv, flag, b, slot, conv_folds, h, g, tid)
 
     def _token_buffers(self, io_type):
-        """Registers for one token's inputs: x (R), B (V), C (V), in the I/O dtype."""
+        """Registers for one token's inputs: x (R; Δ·x in fp32 when the tiles hold it), B (V), C (V)."""
         R, V = self.rows_per_warp, self.cols_per_lane
-        return tuple(cute.make_rmem_tensor((n,), io_type) for n in (R, V, V))
+        x_type = Float32 if self.scaled_x else io_type
+        return tuple(cute.make_rmem_tensor((n,), t) for n, t in ((R, x_type), (V, io_type), (V, io_type)))
 
     @cute.jit
     def _stage(self, inputs, dt_input, staged, first: Int32, count: Int32, vector: Int32, tid: Int32,
@@ -428,54 +497,134 @@ class Verify:
                 staged[i, self.dt_col] = dt_array[outer, first + i, inner]
 
     @cute.jit
-    def _next_tile(self, inputs, dt_input, staged: "StagedRows", gates: "Gates", first: Int32, count: Int32,
-                   total: Int32, row_pass: cutlass.Constexpr, vector: Int32, tid: Int32):
-        """Make rows first .. first + count - 1 of ``total`` ready in ``staged``: the first tile of the first
-        pass was staged before the state loads; any later one (and the first again in a later pass, unless it
-        is still there) is staged now, after every warp is done with the tile before. Then each row's Δ and
-        decay (and the z gates) are computed.""" 
+    def _restage(self, first: Int32, total: Int32, nth: cutlass.Constexpr):
+        """Whether the tile of rows from ``first`` must be staged (again) in this CTA's ``nth`` pass: a later tile,
+        or in a later pass the first one when later tiles took its place."""
         restage = first > 0
-        if cutlass.const_expr(row_pass > 0):
+        if cutlass.const_expr(nth > 0):
             restage = restage or total > STAGED_ROWS
-        if restage:
-            cute.arch.sync_threads()
-            self._stage(inputs, dt_input, staged.rows, first, count, vector, tid)
+        return restage
+
+    @cute.jit
+    def _ready(self, tiles, gates: "Gates", restage: cutlass.Constexpr, vector: Int32, tid: Int32):
+        """Make ``tiles`` ready to read: staged now when ``restage`` (after every warp is done with the rows there
+        before), else already in flight (copied before the state loads; a fused call's conv rows computed since);
+        then each row's Δ and decay, and per (row, p) the z gates and, when the tiles hold it, Δ·x."""
+        # (the barrier also keeps the state loads issued before it ahead of the wait: without it ptxas scheduled
+        # the wait first, and compact's token loop waited out the state loads, 15 % slower at batch 64)
+        cute.arch.sync_threads()
+        if cutlass.const_expr(restage):
+            for tile in tiles:
+                self._stage(tile.inputs, tile.dt_input, tile.staged.rows, tile.first, tile.count, vector, tid)
             cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()
-        self._prepare(staged, gates, count, tid)
+        for tile in tiles:
+            self._prepare_coefs(tile.staged, gates, tile.count, tid)
+        if cutlass.const_expr(self.scaled_x):
+            cute.arch.sync_threads()   # Δ·x reads the Δ just computed
+        for tile in tiles:
+            self._prepare_columns(tile.staged, gates, tile.count, tid)
         cute.arch.sync_threads()
 
     @cute.jit
-    def _prepare(self, staged: "StagedRows", gates: "Gates", count: Int32, tid: Int32):
-        """Δ = clamp(softplus?(dt + dt_bias)) and exp(Δ·A) of each staged row, and silu(z) of each (row, p) when
-        the rows carry z: the same functions on the same values wherever a row is computed (fold, token loop,
-        another call), so the modes agree bitwise."""
+    def _prepare_coefs(self, staged: "StagedRows", gates: "Gates", count: Int32, tid: Int32):
+        """Δ = clamp(softplus?(dt + dt_bias)) and exp(Δ·A) of each staged row: the same functions on the same values
+        wherever a row is computed (fold, token loop, a decode, another call), so the modes agree bitwise."""
         threads = self.num_warps * WARP
-        rows, coefs, z_gates = staged.rows, staged.coefs, staged.gates   # written through locals (DSL loops)
+        rows, coefs = staged.rows, staged.coefs   # written through locals (DSL loops)
         for i in cutlass.range(tid, count, threads, unroll=1):
             delta = delta_from_dt(rows[i, self.dt_col].to(Float32), gates.dt_bias, gates.dt_softplus, gates.dt_min,
                                   gates.dt_max)
             coefs[i, 0] = delta
             coefs[i, 1] = cute.math.exp(delta * gates.A)
-        if cutlass.const_expr(z_gates is not None):
-            if gates.has_z != 0:
-                P = self.headdim
-                for e in cutlass.range(tid, count * P, threads, unroll=1):
-                    i = e // P
-                    p = e - i * P
-                    z_gates[i, p] = silu(rows[i, self.z_col + p].to(Float32))
 
     @cute.jit
-    def _read_row(self, staged, row0, lane, x_buf, B_buf, C_buf):
-        """One staged row's x rows and B (and C) columns of this lane, into registers."""
-        P, N, V = self.headdim, self.d_state, self.cols_per_lane
+    def _prepare_columns(self, staged: "StagedRows", gates: "Gates", count: Int32, tid: Int32):
+        """Per (row, p) of the staged rows: silu(z) when the rows carry z, and Δ·x when the tile holds it (the
+        product _advance would form, the same bits)."""
+        threads, P = self.num_warps * WARP, self.headdim
+        rows, coefs, z_gates, scaled = staged.rows, staged.coefs, staged.gates, staged.scaled
+        if cutlass.const_expr(z_gates is not None):
+            if gates.has_z != 0:
+                for e in cutlass.range(tid, count * P, threads, unroll=1):
+                    i = e // P
+                    z_gates[i, e - i * P] = silu(rows[i, self.z_col + e - i * P].to(Float32))
+        if cutlass.const_expr(scaled is not None):
+            for e in cutlass.range(tid, count * P, threads, unroll=1):
+                i = e // P
+                scaled[i, e - i * P] = coefs[i, 0] * rows[i, e - i * P].to(Float32)
+
+    @cute.jit
+    def _token(self, a, writes: "Writes", st, sums, values, coefs, x_at, gate_at, D_row: Float32, t: Int32,
+               nth: cutlass.Constexpr, tid: Int32):
+        """Token t (in this CTA's ``nth`` pass): advance the state by this lane's ``values`` (x rows, B and C
+        columns) with ``coefs`` (Δ, exp(Δ·A)), finish the output of the lane's row (its x and z gate read from
+        (tensor, index) ``x_at`` and ``gate_at`` once the sums are done, which keeps them out of registers until
+        then) and write it; in snapshot mode store the state. Shared by a decode and the token loop, so both
+        compute the same bits."""
+        R, V = self.rows_per_warp, self.cols_per_lane
+        pool_type, io_type = cutlass_dtype(self.pool_dtype), cutlass_dtype(self.io_dtype)
+        out, state, snapshots = writes.out, writes.state, writes.snapshots   # written through locals (DSL ifs)
+        b, h, valid, row0, row, lane = writes.b, writes.h, writes.valid, writes.row0, writes.row, writes.lane
+        x_buf, B_buf, C_buf = values
+        self._advance(st, coefs[0], coefs[1], x_buf, B_buf, pool_type)
+        for r in cutlass.range_constexpr(R):
+            sums[r] = Float32(0.0)
+            for j in cutlass.range_constexpr(V):
+                sums[r] = cute.math.fma(st[r, j], C_buf[j].to(Float32), sums[r])
+        y = self._reduce_rows(sums, lane)
+        if a.has_D != 0:
+            y = cute.math.fma(D_row, x_at[0][x_at[1]].to(Float32), y)
+        if a.has_z != 0:
+            y = y * gate_at[0][gate_at[1]]
+        if valid == 0:
+            y = Float32(0.0)
+        if lane % (WARP // R) == 0:
+            out[b, t, h, row] = y.to(io_type)
+        if valid != 0:
+            if cutlass.const_expr(self.mode == "snapshot"):
+                target = snapshots[b, t]
+                if cutlass.const_expr(nth == 0):
+                    if target >= a.num_slots:
+                        self._count(a, h, tid)
+                if target >= 0:
+                    if target < a.num_slots:
+                        self._store_state(state, target, h, row0, lane, st, pool_type)
+
+    @cute.jit
+    def _read_rows(self, x, z, has_z: Int32, b, h, row0, row, x_buf):
+        """A decode's x of this lane's rows (``row0`` ..) into ``x_buf``, and the x and z (zero without z) of the
+        row it finishes, in fp32."""
         for r in cutlass.range_constexpr(self.rows_per_warp):
-            x_buf[r] = staged[row0 + r]
+            x_buf[r] = x[b, 0, h, row0 + r]
+        z_row = Float32(0.0)
+        if has_z != 0:
+            z_row = z[b, 0, h, row].to(Float32)
+        return x[b, 0, h, row].to(Float32), z_row
+
+    @cute.jit
+    def _read_columns(self, B_at, C_at, lane, B_buf, C_buf):
+        """This lane's B (and C, unless ``C_at`` is None) columns of a token into registers: each given as (a row,
+        the column where its N values start)."""
+        V = self.cols_per_lane
         for j in cutlass.range_constexpr(V):
-            B_buf[j] = staged[P + lane * V + j]
-            if cutlass.const_expr(C_buf is not None):
-                C_buf[j] = staged[P + N + lane * V + j]
+            B_buf[j] = B_at[0][B_at[1] + lane * V + j]
+            if cutlass.const_expr(C_at is not None):
+                C_buf[j] = C_at[0][C_at[1] + lane * V + j]
+
+    @cute.jit
+    def _read_row(self, tile: "StagedRows", i: Int32, row0, lane, x_buf, B_buf, C_buf):
+        """Staged row i's x (or Δ·x, when the tile holds it) for this lane's rows and its B (and C) columns of
+        this lane, into registers."""
+        P, N = self.headdim, self.d_state
+        staged, scaled = tile.rows[i, None], tile.scaled
+        for r in cutlass.range_constexpr(self.rows_per_warp):
+            if cutlass.const_expr(self.scaled_x):
+                x_buf[r] = scaled[i, row0 + r]
+            else:
+                x_buf[r] = staged[row0 + r]
+        self._read_columns((staged, P), (staged, P + N) if C_buf is not None else None, lane, B_buf, C_buf)
 
     @cute.jit
     def _stage_conv(self, a, cv, sConv, b, slot, valid, folds, h, g, tid, io_type):
@@ -544,11 +693,11 @@ class Verify:
         return total
 
     @cute.jit
-    def _advance(self, st, delta: Float32, decay: Float32, x_raw, B_raw, pool_type: cutlass.Constexpr):
-        """One token: h = round_to_pool(h·decay + (Δ·x) ⊗ B), as explicit fmas, shared by the fold and the token
-        loop so that both compute the same bits."""
+    def _advance(self, st, delta: Float32, decay: Float32, x_buf, B_raw, pool_type: cutlass.Constexpr):
+        """One token: h = round_to_pool(h·decay + (Δ·x) ⊗ B), as explicit fmas, shared by the fold, the token
+        loop and a decode so that all compute the same bits. ``x_buf`` holds x, or Δ·x when the tiles do."""
         for r in cutlass.range_constexpr(self.rows_per_warp):
-            dtx = delta * x_raw[r].to(Float32)
+            dtx = x_buf[r] if cutlass.const_expr(self.scaled_x) else delta * x_buf[r].to(Float32)
             for j in cutlass.range_constexpr(self.cols_per_lane):
                 st[r, j] = cute.math.fma(st[r, j], decay, dtx * B_raw[j].to(Float32))
                 if cutlass.const_expr(self.pool_dtype != "fp32"):

@@ -25,6 +25,11 @@ for pool_dtype in (torch.float32, torch.bfloat16):
     runtime.launch("verify", mode="snapshot", state=pool, out=torch.empty_like(x),
                    snapshot_indices=torch.tensor([[3, 4, -1, 99], [5, 6, 7, 8], [9, 10, 11, 12]], dtype=torch.int32,
                                                  device=dev), **common)
+    # a decode (T = 1: inputs read into registers, no staging) of the first tokens
+    step = {k: (v[:, :1] if isinstance(v, torch.Tensor) and v.dim() >= 3 else v) for k, v in common.items()}
+    runtime.launch("verify", mode="update", state=pool, out=torch.empty_like(x[:, :1]), **step)
+    runtime.launch("verify", mode="snapshot", state=pool, out=torch.empty_like(x[:, :1]),
+                   snapshot_indices=torch.tensor([[3], [5], [99]], dtype=torch.int32, device=dev), **step)
     window = dict(window_count=torch.zeros(slots, H, dtype=torch.int32, device=dev),
                   window_x=torch.zeros(slots, cap, H, P, device=dev).bfloat16(),
                   window_B=torch.zeros(slots, cap, H, N, device=dev).bfloat16(),

@@ -137,6 +137,40 @@ def _window(num_slots, capacity, H, P, N, io):
             "window_dt": torch.zeros(num_slots, capacity, H, dtype=dtype, device="cuda")}
 
 
+@pytest.mark.parametrize("P,N", [(64, 128), (128, 128)])   # split CTAs run one pass each / two passes each
+@pytest.mark.parametrize("pool", ["fp32", "bf16"])
+def test_single_token_snapshots_equal_one_multi_token_snapshot_bitwise(pool, P, N):
+    """A decode (T = 1: inputs read into registers, Δ per lane) against the staged path of a T-token call, in
+    snapshot mode: the same outputs and snapshot slots bitwise, with a padding row, an out-of-range slot and a
+    skipped snapshot; untouched slots keep their bytes."""
+    T = 3
+    case = Case(T=T, P=P, N=N, pool=pool, num_slots=16)
+    idx = torch.tensor([0, -1, 1, 40], dtype=torch.int32, device="cuda")
+    snaps = torch.tensor([[2, 3, 4], [5, 6, 7], [8, -1, 9], [10, 11, 12]], dtype=torch.int32, device="cuda")
+    pool_multi, out_multi = case.pool.clone(), case.out()
+    _launch("snapshot", case, pool_multi, out_multi, idx, snapshot_indices=snaps)
+    pool_single, out_single = case.pool.clone(), case.out()
+    src = idx.clone()
+    for t in range(T):
+        step = {k: (v[:, t:t + 1] if isinstance(v, torch.Tensor) and v.dim() >= 3 else v)
+                for k, v in case.kwargs.items()}
+        _runtime().launch("verify", mode="snapshot", state=pool_single, out=out_single[:, t:t + 1],
+                          state_indices=src, snapshot_indices=snaps[:, t:t + 1].contiguous(), **step)
+        # the next token starts from this one's snapshot (where there is one to start from)
+        src = torch.where((idx >= 0) & (idx < 16) & (snaps[:, t] >= 0), snaps[:, t], -1).to(torch.int32)
+    torch.cuda.synchronize()
+    valid = (idx >= 0) & (idx < 16)
+    for b in range(4):
+        for t in range(T):
+            chained = bool(valid[b]) and bool(snaps[b, :t].ge(0).all())   # token t's single call had its source
+            if chained or not valid[b]:
+                assert torch.equal(out_multi[b, t], out_single[b, t]), (b, t)
+            if chained and snaps[b, t] >= 0:
+                assert torch.equal(pool_multi[snaps[b, t]], pool_single[snaps[b, t]]), (b, t)
+    for slot in (0, 1, 5, 6, 7, 10, 11, 12, 13, 14, 15):   # sources, padding rows' snapshots, unnamed slots
+        assert torch.equal(pool_multi[slot], case.pool[slot]) and torch.equal(pool_single[slot], case.pool[slot])
+
+
 @pytest.mark.parametrize("P", [64, 128])
 @pytest.mark.parametrize("pool", ["fp32", "bf16"])
 def test_compact_replay_equals_snapshot_bitwise(pool, P):
@@ -292,3 +326,9 @@ def test_every_built_variant_matches_oracle(P, N, io, pool):
     assert torch.equal(snap_out, out), "snapshot and update emit the same outputs"
     assert torch.equal(snap_pool[3], pool_gpu[4]) and torch.equal(snap_pool[5], pool_gpu[1]), \
         "the last snapshot equals the updated state, bitwise"
+    # a decode (T = 1: no staging) of the first token equals the staged call's first token, bitwise
+    first = {k: (v[:, :1] if isinstance(v, torch.Tensor) and v.dim() >= 3 else v) for k, v in case.kwargs.items()}
+    decode_pool, decode_out = case.pool.clone(), case.out()[:, :1].contiguous()
+    _runtime().launch("verify", mode="snapshot", state=decode_pool, out=decode_out, state_indices=idx,
+                      snapshot_indices=snaps[:, :1].contiguous(), **first)
+    assert torch.equal(decode_out, out[:, :1]) and torch.equal(decode_pool[0], snap_pool[0]), "decode vs staged"
