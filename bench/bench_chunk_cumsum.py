@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from bench_ssd_fwd import REFERENCE_SHAPES
-from common import baseline_in_child, eager_time_us, graph_time_us, rotation
+from common import eager_time_us, graph_time_us, rotation, side_by_side
 
 
 def _inputs(batch, L, H, seed):
@@ -51,11 +51,11 @@ def bench_triton(batch, L, H, Q) -> dict:
 def measure(bandwidth: float, baseline: bool) -> list[dict]:
     rows = []
     for s in {(s.batch, s.L, s.H, s.Q): s for s in REFERENCE_SHAPES}.values():  # (two share these dims)
+        ours, triton = side_by_side(bench_ours, bench_triton, s.batch, s.L, s.H, s.Q, run_baseline=baseline)
         row = {"shape": f"B{s.batch} L{s.L} H{s.H} Q{s.Q}", "batch": s.batch, "L": s.L, "H": s.H, "Q": s.Q,
-               "floor_us": floor_bytes(s.batch, s.L, s.H, s.Q) / bandwidth * 1e6,
-               "ours": bench_ours(s.batch, s.L, s.H, s.Q)}
+               "floor_us": floor_bytes(s.batch, s.L, s.H, s.Q) / bandwidth * 1e6, "ours": ours}
         row["roofline_fraction"] = row["floor_us"] / row["ours"]["us"]
         if baseline:
-            row["triton"] = baseline_in_child(bench_triton, s.batch, s.L, s.H, s.Q)
+            row["triton"] = triton
         rows.append(row)
     return rows

@@ -20,7 +20,7 @@ import sys
 import torch
 
 from bench_ssd_fwd import REFERENCE_SHAPES, Shape, make_inputs
-from common import copy_bandwidth, graph_time_us, rotation, with_baseline
+from common import copy_bandwidth, graph_time_us, rotation, side_by_side, with_baseline
 
 
 def backward_floor_bytes(s: Shape) -> int:
@@ -82,10 +82,11 @@ def bench_triton(s: Shape) -> dict:
 
 
 def measure(s: Shape, bandwidth: float, baseline: bool) -> dict:
+    ours, triton = side_by_side(bench_ours, bench_triton, s, run_baseline=baseline)
     row = {"shape": s.name, **s._asdict(), "backward_floor_us": backward_floor_bytes(s) / bandwidth * 1e6,
-           "ours": bench_ours(s)}
+           "ours": ours}
     row["backward_roofline_fraction"] = row["backward_floor_us"] / row["ours"]["backward_us"]
-    return with_baseline(row, bench_triton, s) if baseline else row
+    return with_baseline(row, triton) if baseline else row
 
 
 def main(argv=None):

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import torch
 
-from common import copy_bandwidth, eager_time_us, graph_time_us, rotation, with_baseline
+from common import copy_bandwidth, eager_time_us, graph_time_us, rotation, side_by_side, with_baseline
 
 
 
@@ -102,10 +102,12 @@ def bench_triton(s: Shape) -> dict:
 
 
 def measure(s: Shape, bandwidth: float, baseline: bool) -> dict:
-    """One row: ours and (in a child process, when asked) Triton's graph and eager times, workspace, roofline."""
-    row = {"shape": s.name, **s._asdict(), "floor_us": floor_bytes(s) / bandwidth * 1e6, "ours": bench_ours(s)}
+    """One row: ours and (when asked, side by side in one fresh process) Triton's graph and eager times,
+    workspace, roofline."""
+    ours, triton = side_by_side(bench_ours, bench_triton, s, run_baseline=baseline)
+    row = {"shape": s.name, **s._asdict(), "floor_us": floor_bytes(s) / bandwidth * 1e6, "ours": ours}
     row["roofline_fraction"] = row["floor_us"] / row["ours"]["us"]
-    return with_baseline(row, bench_triton, s) if baseline else row
+    return with_baseline(row, triton) if baseline else row
 
 
 def main():

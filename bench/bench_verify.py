@@ -15,7 +15,7 @@ import functools
 
 import torch
 
-from common import copy_bandwidth, eager_time_us, graph_time_us, rotation, side_by_side_in_child
+from common import copy_bandwidth, eager_time_us, graph_time_us, rotation, side_by_side
 
 H, P, N, G = 128, 64, 128, 8
 BATCHES = (1, 8, 64, 256)
@@ -105,11 +105,9 @@ def bench_triton(batch, T):
 def measure(batch, T, bw, baseline=True, modes=("update", "snapshot", "compact")) -> dict:
     """Ours (:func:`bench_ours`) and, with ``baseline``, Triton's (:func:`bench_triton`, under ``"triton"``, None
     when it failed) side by side in one fresh process; without it ours in this process."""
-    ours = functools.partial(bench_ours, bw=bw, modes=modes)
-    if not baseline:
-        return ours(batch, T)
-    mine, triton = side_by_side_in_child(ours, bench_triton, batch, T)
-    return {**mine, "triton": triton}
+    mine, triton = side_by_side(functools.partial(bench_ours, bw=bw, modes=modes), bench_triton, batch, T,
+                                run_baseline=baseline)
+    return {**mine, "triton": triton} if baseline else mine
 
 
 def main():

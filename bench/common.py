@@ -1,5 +1,5 @@
-"""What every benchmark here shares: CUDA-graph timing, the copy-bandwidth roofline, a baseline run in a
-child process, and the provenance recorded with results (no local paths)."""
+"""What every benchmark here shares: CUDA-graph timing, the copy-bandwidth roofline, ours and the baseline run
+side by side in one fresh process, and the provenance recorded with results (no local paths)."""
 from __future__ import annotations
 
 import math
@@ -67,29 +67,6 @@ def copy_bandwidth() -> float:
     return 2 * a.numel() * a.element_size() / (t * 1e-6)
 
 
-def _baseline_worker(fn, args, queue):
-    try:
-        queue.put(fn(*args))
-    except ImportError:
-        queue.put(float("nan"))
-
-
-def baseline_in_child(fn, *args) -> float:
-    """``fn(*args)`` (a baseline's measurement) in a fresh process: a CUDA error there (Triton's
-    selective_state_update raised cudaErrorInvalidAddressSpace at batch 256, T >= 4 under graph capture on
-    the H200) must not poison this process's context. None when it fails or the baseline is not importable."""
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    child = ctx.Process(target=_baseline_worker, args=(fn, args, queue))
-    child.start()
-    child.join()
-    if child.exitcode != 0 or queue.empty():
-        print(f"  (baseline {fn.__name__}{args} failed: exit code {child.exitcode})", flush=True)
-        return None
-    result = queue.get()
-    return None if result != result else result  # NaN: the baseline is not importable
-
-
 def _side_by_side_worker(ours, baseline, args, queue):
     queue.put(ours(*args))
     try:
@@ -101,10 +78,12 @@ def _side_by_side_worker(ours, baseline, args, queue):
 def side_by_side_in_child(ours, baseline, *args) -> tuple:
     """``(ours(*args), baseline(*args))`` measured one after the other in one fresh process, so that both see the
     same process and device state (at a 5 µs decode, Triton measured in a child while ours ran in the parent read
-    up to 8 % faster than side by side). The baseline is None when it fails there (see
-    :func:`baseline_in_child`) or is not importable; ours was measured before it ran."""
+    up to 8 % faster than side by side). The baseline is None when it fails there (Triton's
+    selective_state_update raised cudaErrorInvalidAddressSpace at batch 256, T >= 4 under graph capture on the
+    H200: a fresh process keeps that from poisoning the next measurement) or is not importable; ours was measured
+    before it ran."""
     ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
+    queue = ctx.SimpleQueue()   # (a put is written at once: ours survives a baseline that kills the process)
     child = ctx.Process(target=_side_by_side_worker, args=(ours, baseline, args, queue))
     child.start()
     child.join()
@@ -112,19 +91,25 @@ def side_by_side_in_child(ours, baseline, *args) -> tuple:
     while not queue.empty():
         results.append(queue.get())
     if not results:
-        raise RuntimeError(f"{ours.__name__}{args} failed in its child process (exit code {child.exitcode})")
+        raise RuntimeError(f"{getattr(ours, '__name__', ours)}{args} failed in its child process (exit code "
+                           f"{child.exitcode})")
     if len(results) < 2:
         print(f"  (baseline {baseline.__name__}{args} failed: exit code {child.exitcode})", flush=True)
         return results[0], None
     return results[0], None if results[1] != results[1] else results[1]
 
 
-def with_baseline(row: dict, fn, *args) -> dict:
-    """``row`` (ours in ``row["ours"]["us"]``) with the baseline's ``fn(*args)`` measured in a child process as
-    ``row["triton"]`` and, when it ran, ``row["speedup"]`` (Triton's time over ours)."""
-    row["triton"] = baseline_in_child(fn, *args)
-    if row["triton"] is not None:
-        row["speedup"] = row["triton"]["us"] / row["ours"]["us"]
+def side_by_side(ours, baseline, *args, run_baseline: bool = True) -> tuple:
+    """:func:`side_by_side_in_child` when ``run_baseline``, else ``(ours(*args), None)`` in this process."""
+    return side_by_side_in_child(ours, baseline, *args) if run_baseline else (ours(*args), None)
+
+
+def with_baseline(row: dict, triton) -> dict:
+    """``row`` (ours in ``row["ours"]["us"]``) with the baseline's measurement as ``row["triton"]`` and, when it
+    ran, ``row["speedup"]`` (Triton's time over ours)."""
+    row["triton"] = triton
+    if triton is not None:
+        row["speedup"] = triton["us"] / row["ours"]["us"]
     return row
 
 
