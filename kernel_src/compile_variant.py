@@ -27,30 +27,32 @@ from kernel_src.families import kernel_class, variant_key, variant_stem
 
 def compile_variant(family: str, constants: dict, arch: str) -> tuple[bytes, dict]:
     """Compile and check one variant; return the cubin bytes and its manifest entry."""
-    import cuda.bindings.driver as cuda
-    import cutlass.cute as cute
+    def build(min_ctas_per_sm=None):
+        kernel = kernel_class(family)(**constants)
+        kernel.target_arch = arch  # a kernel may specialise on it (ssd_fwd: warpgroup MMAs on sm_90a)
+        if min_ctas_per_sm is not None:
+            kernel.min_ctas_per_sm = min_ctas_per_sm
+        return kernel
 
-    kernel = kernel_class(family)(**constants)
-    kernel.target_arch = arch  # a kernel may specialise on it (ssd_fwd: warpgroup MMAs on sm_90a)
+    kernel = build()
     params = kernel.params()
-    placeholders = [abi.placeholder(p) for p in params]
-    with tempfile.TemporaryDirectory() as dump_dir:
-        compiled = cute.compile(kernel, tuple(placeholders), cuda.CUstream(0),
-                                options=f"{toolchain.compile_options(arch)} --keep-ptx --dump-dir {dump_dir}")
-        cubin = compiled.__cubin__
-        if not isinstance(cubin, bytes):  # the DSL returns the intended path when it could not dump
-            raise RuntimeError(f"cute.compile produced no cubin bytes (got {cubin!r})")
-        ptx_isa = _ptx_isa_version(Path(dump_dir))
-    symbols = list(compiled.kernel_info)
-    if len(symbols) != 1:
-        raise RuntimeError(f"expected one kernel per variant, the DSL reports {symbols}")
-    symbol = symbols[0]
-
     param_rows = abi.layout(params)
+    cubin, symbol, ptx_isa = _compile(kernel, params, arch)
+    res = cubin_checks.resources(cubin, symbol, toolchain.cuobjdump())
+    # A kernel that spills at its occupancy target (min_ctas_per_sm) is built at a lower one, down to the floor
+    # it allows (min_ctas_floor): the target was chosen on one arch and toolchain, whose register allocation
+    # another's need not match. Said in the build log; a spill at the floor fails the check below.
+    floor = getattr(kernel, "min_ctas_floor", None)
+    while (res.stack or res.local) and floor is not None and kernel.min_ctas_per_sm > floor:
+        kernel = build(kernel.min_ctas_per_sm - 1)
+        print(f"note: {arch} {variant_key(family, constants)} spilled ({res.stack} B of stack): building it at "
+              f"{kernel.min_ctas_per_sm} CTAs per SM", file=sys.stderr)
+        cubin, symbol, ptx_isa = _compile(kernel, params, arch)
+        res = cubin_checks.resources(cubin, symbol, toolchain.cuobjdump())
+
     cubin_checks.check_arch(cubin, arch)
     cubin_checks.check_symbols(cubin, symbol)
     cubin_checks.check_params(cubin, symbol, param_rows)
-    res = cubin_checks.resources(cubin, symbol, toolchain.cuobjdump())
     cubin_checks.check_resources(res, arch, kernel.dynamic_smem)
 
     entry = {
@@ -72,6 +74,25 @@ def compile_variant(family: str, constants: dict, arch: str) -> tuple[bytes, dic
         "validated": getattr(kernel, "validated", True),
     }
     return cubin, entry
+
+
+def _compile(kernel, params, arch: str) -> tuple[bytes, str, str]:
+    """``kernel`` compiled for ``arch``: the cubin, its one kernel symbol and the PTX ISA version it was built at."""
+    import cuda.bindings.driver as cuda
+    import cutlass.cute as cute
+
+    placeholders = [abi.placeholder(p) for p in params]
+    with tempfile.TemporaryDirectory() as dump_dir:
+        compiled = cute.compile(kernel, tuple(placeholders), cuda.CUstream(0),
+                                options=f"{toolchain.compile_options(arch)} --keep-ptx --dump-dir {dump_dir}")
+        cubin = compiled.__cubin__
+        if not isinstance(cubin, bytes):  # the DSL returns the intended path when it could not dump
+            raise RuntimeError(f"cute.compile produced no cubin bytes (got {cubin!r})")
+        ptx_isa = _ptx_isa_version(Path(dump_dir))
+    symbols = list(compiled.kernel_info)
+    if len(symbols) != 1:
+        raise RuntimeError(f"expected one kernel per variant, the DSL reports {symbols}")
+    return cubin, symbols[0], ptx_isa
 
 
 def _ptx_isa_version(dump_dir: Path) -> str:

@@ -105,6 +105,8 @@ class Verify:
     family = "verify"
     grid_rule = "heads,batch,row_splits"
     target_arch = None  # set by the build (compile_variant) before compiling
+    # the lowest occupancy target the build may fall back to when a variant spills at its own (compile_variant)
+    min_ctas_floor = 2
     modes = ("update", "snapshot", "compact")
     headdims = (64, 128)
     d_states = (64, 128, 256)
@@ -151,8 +153,9 @@ class Verify:
         # 16-bit pool, and fp32 I/O from P64 N128.
         tight_snapshots = mode == "snapshot" and pool_dtype != "fp32"
         wide_io = io_dtype == "fp32" and headdim * d_state >= 64 * 128
-        self.wide = (mode == "compact" or self.cols_per_lane > 4 or self.rows_per_warp >= 8 or self.fused
-                     or tight_snapshots or wide_io)
+        wide = (mode == "compact" or self.cols_per_lane > 4 or self.rows_per_warp >= 8 or self.fused
+                or tight_snapshots or wide_io)
+        self.min_ctas_per_sm = 2 if wide else 3
         # a lane's columns are one vector access: the runtime checks the pool's base alignment (bytes)
         self.state_align = min(16, self.cols_per_lane * {"fp32": 4, "bf16": 2, "fp16": 2}[pool_dtype])
         self.cluster = (1, 1, 1)
@@ -210,13 +213,12 @@ class Verify:
     @cute.jit
     def __call__(self, args: tuple, stream):
         a = bind(self.params(), args)
-        # An explicit occupancy target: ptxas' own target spilled, and 3 CTAs of 256 threads per SM keep enough
-        # state loads in flight (sm_90a, measured). sm_100a's register allocation differs (its build spilled
-        # P64 N128 update and snapshot at 3) and cannot be measured here: 2 there. The carveout is given only so
-        # that the DSL does not ask a device for its shared memory size; it sets nothing in the cubin.
-        min_ctas_per_sm = 2 if self.wide or self.target_arch != "sm_90a" else 3
+        # An explicit occupancy target (min_ctas_per_sm): ptxas' own target spilled, and 3 CTAs of 256 threads
+        # per SM keep enough state loads in flight (sm_90a, measured; where another arch's allocation spills at
+        # 3, the build falls back to 2). The carveout is given only so that the DSL does not ask a device for its
+        # shared memory size; it sets nothing in the cubin.
         self.kernel(args).launch(grid=[a.nheads, a.batch, a.row_splits], block=list(self.block),
-                                 smem=self.dynamic_smem, stream=stream, min_blocks_per_mp=min_ctas_per_sm,
+                                 smem=self.dynamic_smem, stream=stream, min_blocks_per_mp=self.min_ctas_per_sm,
                                  preferred_smem_carveout=0)
 
     @cute.kernel
