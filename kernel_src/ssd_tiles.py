@@ -90,9 +90,10 @@ class MmaParts:
 
     @cute.jit
     def gemm(self, acc, sA, sB, k_blocks: cutlass.Constexpr, a_transposed: cutlass.Constexpr = False,
-             b_transposed: cutlass.Constexpr = False):
+             b_transposed: cutlass.Constexpr = False, wait: cutlass.Constexpr = True):
         """acc (M × N) += sA (M × K) · sB (N × K)ᵀ from K-contiguous tiles, or from transposed views of
-        M- / N-contiguous ones (read with transposing ldmatrix) when asked."""
+        M- / N-contiguous ones (read with transposing ldmatrix) when asked. (Warp MMAs are synchronous:
+        ``wait`` is :class:`WarpgroupMmaParts`'.)"""
         copy_A = self.copy_At if a_transposed else self.copy_A
         copy_B = self.copy_Bt if b_transposed else self.copy_B
         frag_A = self.thr.make_fragment_A(self.thr.partition_A(sA))
@@ -131,8 +132,10 @@ class WarpgroupMmaParts:
 
     @cute.jit
     def gemm(self, acc, sA, sB, k_blocks: cutlass.Constexpr, a_transposed: cutlass.Constexpr = False,
-             b_transposed: cutlass.Constexpr = False):
-        """acc (M × N) += sA (M × K) · sB (N × K)ᵀ, as :meth:`MmaParts.gemm`; waits for the result."""
+             b_transposed: cutlass.Constexpr = False, wait: cutlass.Constexpr = True):
+        """acc (M × N) += sA (M × K) · sB (N × K)ᵀ, as :meth:`MmaParts.gemm`. With ``wait`` it waits for this and
+        every product issued before it; without, the product runs on while the caller issues more (which must
+        not touch ``acc`` until a waiting one returns)."""
         tiled_mma = self.by_major[(a_transposed, b_transposed)]
         thr = tiled_mma.get_slice(self.tid)
         frag_A = tiled_mma.make_fragment_A(thr.partition_A(self._operand(sA)))
@@ -141,7 +144,8 @@ class WarpgroupMmaParts:
         for k in cutlass.range_constexpr(k_blocks):
             cute.gemm(tiled_mma, acc, frag_A[None, None, k], frag_B[None, None, k], acc)
         warpgroup.commit_group()
-        warpgroup.wait_group(0)
+        if cutlass.const_expr(wait):
+            warpgroup.wait_group(0)
 
 
 def fence_operands(mma):
