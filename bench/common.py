@@ -69,16 +69,17 @@ def copy_bandwidth() -> float:
 
 def _side_by_side_worker(ours, baseline, args, queue):
     queue.put(ours(*args))
-    try:
-        queue.put(baseline(*args))
-    except ImportError:
-        queue.put(float("nan"))
+    if baseline is not None:
+        try:
+            queue.put(baseline(*args))
+        except ImportError:
+            queue.put(float("nan"))
 
 
 def side_by_side_in_child(ours, baseline, *args) -> tuple:
     """``(ours(*args), baseline(*args))`` measured one after the other in one fresh process, so that both see the
     same process and device state (at a 5 µs decode, Triton measured in a child while ours ran in the parent read
-    up to 8 % faster than side by side). The baseline is None when it fails there (Triton's
+    up to 8 % faster than side by side). The baseline is None when not given, when it fails there (Triton's
     selective_state_update raised cudaErrorInvalidAddressSpace at batch 256, T >= 4 under graph capture on the
     H200: a fresh process keeps that from poisoning the next measurement) or is not importable; ours was measured
     before it ran."""
@@ -86,13 +87,17 @@ def side_by_side_in_child(ours, baseline, *args) -> tuple:
     queue = ctx.SimpleQueue()   # (a put is written at once: ours survives a baseline that kills the process)
     child = ctx.Process(target=_side_by_side_worker, args=(ours, baseline, args, queue))
     child.start()
-    child.join()
     results = []
-    while not queue.empty():
-        results.append(queue.get())
+    while child.is_alive() or not queue.empty():   # read as results come: a put waits while the pipe is full
+        if queue.empty():
+            child.join(0.1)
+        else:
+            results.append(queue.get())
     if not results:
         raise RuntimeError(f"{getattr(ours, '__name__', ours)}{args} failed in its child process (exit code "
                            f"{child.exitcode})")
+    if baseline is None:
+        return results[0], None
     if len(results) < 2:
         print(f"  (baseline {baseline.__name__}{args} failed: exit code {child.exitcode})", flush=True)
         return results[0], None
@@ -100,8 +105,9 @@ def side_by_side_in_child(ours, baseline, *args) -> tuple:
 
 
 def side_by_side(ours, baseline, *args, run_baseline: bool = True) -> tuple:
-    """:func:`side_by_side_in_child` when ``run_baseline``, else ``(ours(*args), None)`` in this process."""
-    return side_by_side_in_child(ours, baseline, *args) if run_baseline else (ours(*args), None)
+    """:func:`side_by_side_in_child`, without the baseline unless ``run_baseline``: ours is always measured in a
+    fresh process, so that figures with and without the baseline compare."""
+    return side_by_side_in_child(ours, baseline if run_baseline else None, *args)
 
 
 def with_baseline(row: dict, triton) -> dict:

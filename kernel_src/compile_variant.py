@@ -45,8 +45,8 @@ def compile_variant(family: str, constants: dict, arch: str) -> tuple[bytes, dic
     floor = getattr(kernel, "min_ctas_floor", None)
     while (res.stack or res.local) and floor is not None and kernel.min_ctas_per_sm > floor:
         kernel = build(kernel.min_ctas_per_sm - 1)
-        print(f"note: {arch} {variant_key(family, constants)} spilled ({res.stack} B of stack): building it at "
-              f"{kernel.min_ctas_per_sm} CTAs per SM", file=sys.stderr)
+        print(f"note: {arch} {variant_key(family, constants)} spilled ({res.stack} B stack, {res.local} B local): "
+              f"building it at {kernel.min_ctas_per_sm} CTAs per SM", file=sys.stderr)
         cubin, symbol, ptx_isa = _compile(kernel, params, arch)
         res = cubin_checks.resources(cubin, symbol, toolchain.cuobjdump())
 

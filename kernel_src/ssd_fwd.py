@@ -383,7 +383,8 @@ class SsdForward:
 
         acc_y = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P_TILE)), Float32)
         acc_y.fill(0.0)
-        # y's two products and h's run as one asynchronous group on sm_90a (independent accumulators)
+        # y's two products and h's run as one asynchronous group on sm_90a (independent accumulators); the last,
+        # in _advance_state, waits for all three before anyone reads acc_y or rewrites an operand tile
         mma.gemm(acc_y, sS, transposed(sX, TILE, P_TILE), TILE // 16, b_transposed=True, wait=False)
         mma.gemm(acc_y, sCe, sH, self.d_state // 16, wait=False)
         self._advance_state(mma, acc_h, sXw, sB, base, cs_end)
