@@ -51,7 +51,7 @@ def bench_triton(batch, L, H, Q) -> dict:
 def measure(bandwidth: float, baseline: bool) -> list[dict]:
     rows = []
     for s in {(s.batch, s.L, s.H, s.Q): s for s in REFERENCE_SHAPES}.values():  # (two share these dims)
-        ours, triton = side_by_side(bench_ours, bench_triton, s.batch, s.L, s.H, s.Q, run_baseline=baseline)
+        ours, triton = side_by_side(bench_ours, bench_triton if baseline else None, s.batch, s.L, s.H, s.Q)
         row = {"shape": f"B{s.batch} L{s.L} H{s.H} Q{s.Q}", "batch": s.batch, "L": s.L, "H": s.H, "Q": s.Q,
                "floor_us": floor_bytes(s.batch, s.L, s.H, s.Q) / bandwidth * 1e6, "ours": ours}
         row["roofline_fraction"] = row["floor_us"] / row["ours"]["us"]

@@ -82,7 +82,7 @@ def bench_triton(s: Shape) -> dict:
 
 
 def measure(s: Shape, bandwidth: float, baseline: bool) -> dict:
-    ours, triton = side_by_side(bench_ours, bench_triton, s, run_baseline=baseline)
+    ours, triton = side_by_side(bench_ours, bench_triton if baseline else None, s)
     row = {"shape": s.name, **s._asdict(), "backward_floor_us": backward_floor_bytes(s) / bandwidth * 1e6,
            "ours": ours}
     row["backward_roofline_fraction"] = row["backward_floor_us"] / row["ours"]["backward_us"]

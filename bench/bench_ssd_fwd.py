@@ -104,7 +104,7 @@ def bench_triton(s: Shape) -> dict:
 def measure(s: Shape, bandwidth: float, baseline: bool) -> dict:
     """One row: ours and (when asked, side by side in one fresh process) Triton's graph and eager times,
     workspace, roofline."""
-    ours, triton = side_by_side(bench_ours, bench_triton, s, run_baseline=baseline)
+    ours, triton = side_by_side(bench_ours, bench_triton if baseline else None, s)
     row = {"shape": s.name, **s._asdict(), "floor_us": floor_bytes(s) / bandwidth * 1e6, "ours": ours}
     row["roofline_fraction"] = row["floor_us"] / row["ours"]["us"]
     return with_baseline(row, triton) if baseline else row

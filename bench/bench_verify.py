@@ -104,9 +104,9 @@ def bench_triton(batch, T):
 
 def measure(batch, T, bw, baseline=True, modes=("update", "snapshot", "compact")) -> dict:
     """Ours (:func:`bench_ours`) and, with ``baseline``, Triton's (:func:`bench_triton`, under ``"triton"``, None
-    when it failed) side by side in one fresh process; without it ours in this process."""
-    mine, triton = side_by_side(functools.partial(bench_ours, bw=bw, modes=modes), bench_triton, batch, T,
-                                run_baseline=baseline)
+    when it failed) side by side in one fresh process; without it ours alone in one."""
+    ours = functools.partial(bench_ours, bw=bw, modes=modes)
+    mine, triton = side_by_side(ours, bench_triton if baseline else None, batch, T)
     return {**mine, "triton": triton} if baseline else mine
 
 

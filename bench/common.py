@@ -76,13 +76,14 @@ def _side_by_side_worker(ours, baseline, args, queue):
             queue.put(float("nan"))
 
 
-def side_by_side_in_child(ours, baseline, *args) -> tuple:
+def side_by_side(ours, baseline, *args) -> tuple:
     """``(ours(*args), baseline(*args))`` measured one after the other in one fresh process, so that both see the
     same process and device state (at a 5 µs decode, Triton measured in a child while ours ran in the parent read
-    up to 8 % faster than side by side). The baseline is None when not given, when it fails there (Triton's
-    selective_state_update raised cudaErrorInvalidAddressSpace at batch 256, T >= 4 under graph capture on the
-    H200: a fresh process keeps that from poisoning the next measurement) or is not importable; ours was measured
-    before it ran."""
+    up to 8 % faster than side by side); ours alone in a fresh process when ``baseline`` is None, so that figures
+    with and without the baseline compare. The baseline's result is None when it is not given, when it fails
+    there (Triton's selective_state_update raised cudaErrorInvalidAddressSpace at batch 256, T >= 4 under graph
+    capture on the H200: a fresh process keeps that from poisoning the next measurement) or is not importable;
+    ours was measured before it ran."""
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.SimpleQueue()   # (a put is written at once: ours survives a baseline that kills the process)
     child = ctx.Process(target=_side_by_side_worker, args=(ours, baseline, args, queue))
@@ -102,12 +103,6 @@ def side_by_side_in_child(ours, baseline, *args) -> tuple:
         print(f"  (baseline {baseline.__name__}{args} failed: exit code {child.exitcode})", flush=True)
         return results[0], None
     return results[0], None if results[1] != results[1] else results[1]
-
-
-def side_by_side(ours, baseline, *args, run_baseline: bool = True) -> tuple:
-    """:func:`side_by_side_in_child`, without the baseline unless ``run_baseline``: ours is always measured in a
-    fresh process, so that figures with and without the baseline compare."""
-    return side_by_side_in_child(ours, baseline if run_baseline else None, *args)
 
 
 def with_baseline(row: dict, triton) -> dict:

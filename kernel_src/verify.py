@@ -139,12 +139,12 @@ class Verify:
         self.row_passes = max(1, rows_per_lane * self.cols_per_lane // state_regs)
         self.rows_per_warp = rows_per_lane // self.row_passes
         self.row_bits = self.rows_per_warp.bit_length() - 1  # log2: rows_per_warp is a power of two
-        # Only update and snapshot split a state's row passes over CTAs (grid z): in compact and fused calls a
-        # later pass reads what the last one writes (the window rows, the staged conv rows)
-        self.splittable = mode != "compact" and not self.fused and self.row_passes > 1
         # A one-token update or snapshot call (decode) reads its inputs straight into registers: no staging and
         # no barrier between its loads and its state update, whose latency is most of a small call's time
         self.decodes = mode != "compact" and not self.fused
+        # The same calls, update and snapshot unfused, may split a state's row passes over CTAs (grid z): in compact
+        # and fused calls a later pass reads what the last one writes (the window rows, the staged conv rows)
+        self.splittable = self.decodes and self.row_passes > 1
         self.block = (self.num_warps * WARP, 1, 1)
         # 3 CTAs per SM cap a thread at 80 registers; the compact fold, lanes with 8 columns (N = 256: twice
         # the B and C values in flight) and the fused conv (its address arithmetic) need more and get 2. So do,

@@ -57,6 +57,11 @@ class Case:
         return {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in self.kwargs.items()}
 
 
+def _tokens(kwargs, first, stop):
+    """A call's inputs with its per-token arrays (x, dt, B, C, z: rank 3 and up) cut to tokens first .. stop - 1."""
+    return {k: (v[:, first:stop] if isinstance(v, torch.Tensor) and v.dim() >= 3 else v) for k, v in kwargs.items()}
+
+
 def _launch(mode, case, pool, out, state_indices, **extra):
     _runtime().launch("verify", mode=mode, state=pool, out=out, state_indices=state_indices,
                       **case.kwargs, **extra)
@@ -114,8 +119,7 @@ def test_single_token_updates_equal_one_multi_token_update_bitwise(pool):
     _launch("update", case, pool_multi, out_multi, idx)
     pool_single, out_single = case.pool.clone(), case.out()
     for t in range(T):
-        step = {k: (v[:, t:t + 1] if isinstance(v, torch.Tensor) and v.dim() >= 3 else v)
-                for k, v in case.kwargs.items()}
+        step = _tokens(case.kwargs, t, t + 1)
         _runtime().launch("verify", mode="update", state=pool_single, out=out_single[:, t:t + 1],
                           state_indices=idx, **step)
     torch.cuda.synchronize()
@@ -152,8 +156,7 @@ def test_single_token_snapshots_equal_one_multi_token_snapshot_bitwise(pool, P, 
     pool_single, out_single = case.pool.clone(), case.out()
     src = idx.clone()
     for t in range(T):
-        step = {k: (v[:, t:t + 1] if isinstance(v, torch.Tensor) and v.dim() >= 3 else v)
-                for k, v in case.kwargs.items()}
+        step = _tokens(case.kwargs, t, t + 1)
         _runtime().launch("verify", mode="snapshot", state=pool_single, out=out_single[:, t:t + 1],
                           state_indices=src, snapshot_indices=snaps[:, t:t + 1].contiguous(), **step)
         # the next token starts from this one's snapshot (where there is one to start from)
@@ -233,8 +236,7 @@ def _compact_replay_against_snapshot(pool, P, *, T, capacity, accepted_script):
         num_accepted = torch.full((batch,), 0 if call == 0 else accepted_script[call - 1], dtype=torch.int32,
                                   device="cuda")
         if final:  # a T = 0 call only folds: the committed state becomes visible in the pool
-            empty = {k: (v[:, :0] if isinstance(v, torch.Tensor) and v.dim() >= 3 else v)
-                     for k, v in case.kwargs.items()}
+            empty = _tokens(case.kwargs, 0, 0)
             _runtime().launch("verify", mode="compact", state=compact_pool, out=case.out()[:, :0],
                               state_indices=src, num_accepted=num_accepted, **window, **empty)
             break
@@ -327,7 +329,7 @@ def test_every_built_variant_matches_oracle(P, N, io, pool):
     assert torch.equal(snap_pool[3], pool_gpu[4]) and torch.equal(snap_pool[5], pool_gpu[1]), \
         "the last snapshot equals the updated state, bitwise"
     # a decode (T = 1: no staging) of the first token equals the staged call's first token, bitwise
-    first = {k: (v[:, :1] if isinstance(v, torch.Tensor) and v.dim() >= 3 else v) for k, v in case.kwargs.items()}
+    first = _tokens(case.kwargs, 0, 1)
     decode_pool, decode_out = case.pool.clone(), case.out()[:, :1].contiguous()
     _runtime().launch("verify", mode="snapshot", state=decode_pool, out=decode_out, state_indices=idx,
                       snapshot_indices=snaps[:, :1].contiguous(), **first)

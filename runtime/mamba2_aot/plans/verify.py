@@ -67,7 +67,7 @@ window record is all zeros (``window_count`` zero); compact mode accepts T = 0 (
 T <= capacity. x, B, C, z and the window's x and B move in 16-byte vectors when every one of them has a 16-byte
 aligned base and outer strides in whole vectors (``vector_rows``); any other layout is legal and copied
 element by element (same results, slower). No workspace. One CTA per (head, request), or two for a small
-update or snapshot call (one per half of the state's row passes): grid rule ``heads,batch,row_splits``.
+update or snapshot call (each running every other row pass of the state): grid rule ``heads,batch,row_splits``.
 """
 from __future__ import annotations
 
