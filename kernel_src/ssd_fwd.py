@@ -14,14 +14,15 @@ the sequence; rows of x of another sequence sharing the block enter the products
 inputs contribute nothing; padding past L is zero-filled).
 
 One CTA owns one (64-row slice of P, head, sequence source) and walks its tokens in blocks of 64 aligned
-to the row, carrying the fp32 state h (64 × N) in the MMA accumulators; x, z, B, C of a block are loaded
-with cp.async (two CTAs per SM overlap one's loads with the other's work). The products C·Bᵀ,
-[S | e ⊙ C]·[x ; h₀ᵀ] (e_t = 2^(cs_t - cs_0-)) and (Δ-weighted x)ᵀ·B are bf16/fp16 tensor-core MMAs with fp32
-accumulation: on sm_90a (N <= 128: one warpgroup) Hopper warpgroup MMAs reading both operands from the shared
-tiles, elsewhere warp MMAs (mma.sync m16n8k16 from ldmatrix fragments; sm_100a has no wgmma); h is rounded
-to the I/O dtype only as an MMA operand for the C·h₀ᵀ term (as in the Triton kernels), never in the carried
-state. No per-chunk state goes through HBM
-(a split call, below, stores one state per segment).
+to the row, carrying the fp32 state h (64 × N) in the MMA accumulators. A block's x, z, B, C are loaded with
+cp.async while the block before it finishes: once that block's products are done (B and C in place, x and z into
+the other of two buffers), and meanwhile warp 0 computes the block's Δ and cumsums while the other warps write the
+previous block's outputs. The products C·Bᵀ, C·h₀ᵀ (its rows then scaled by e_t = 2^(cs_t - cs_0-) in fp32), S·x
+and (Δ-weighted x)ᵀ·B are bf16/fp16 tensor-core MMAs with fp32 accumulation: on sm_90a (N <= 128: one
+warpgroup) Hopper warpgroup MMAs reading both operands from the shared tiles, elsewhere warp MMAs (mma.sync
+m16n8k16 from ldmatrix fragments; sm_100a has no wgmma); h is rounded to the I/O dtype only as an MMA operand for
+the C·h₀ᵀ term (as in the Triton kernels), never in the carried state. No per-chunk state goes through HBM (a split
+call, below, stores one state per segment).
 
 Sequence sources (the CTA's z index): row z of a (batch, L) input; sequence z of ``cu_seqlens`` (B == 1);
 or row z split at every change of ``seq_idx`` (blocks holding a sequence start are processed once per
@@ -53,6 +54,11 @@ LOG2_E = math.log2(math.e)
 Y_STRIDE = P_TILE + 4   # fp32 row pitch of the staged outputs: fewer bank conflicts on the fragment writes
 
 
+def buffer(storage_range, parity: int):
+    """Tile ``parity`` (0 or 1) of a double-buffered (TILE, P_TILE) operand."""
+    return cute.make_tensor(storage_range.data_ptr() + parity * (TILE * P_TILE), smem_layout((TILE, P_TILE)))
+
+
 class SsdForward:
     family = "ssd_fwd"
     grid_rule = "headdim/64,heads,sequences"
@@ -65,27 +71,42 @@ class SsdForward:
     def __init__(self, headdim: int, d_state: int, io_dtype: str, state_dtype: str):
         expect_constants(self, headdim=headdim, d_state=d_state, io_dtype=io_dtype, state_dtype=state_dtype)
         self.headdim, self.d_state, self.io_dtype, self.state_dtype = headdim, d_state, io_dtype, state_dtype
-        # Up to N = 128: 4 warps (2 × 2, warp tiles of 32 × 32: half the operand traffic of 16 × 32 tiles) and
-        # two CTAs per SM (one CTA's loads and barriers overlap the other's MMAs). N = 256: 8 warps (4 × 2)
-        # hold the larger state, one CTA per SM. (A second buffer for prefetching x, z, B, C does not fit
-        # beside a second CTA; issuing each tile's next load as soon as it was free measured slower.)
-        self.warps = (2, 2) if d_state <= 128 else (4, 2)
-        self.threads = self.warps[0] * self.warps[1] * 32
-        self.min_ctas_per_sm = 2 if d_state <= 128 else 1
-        self.block = (self.threads, 1, 1)
         self.cluster = (1, 1, 1)
         self.dynamic_smem = self._shared_storage(cutlass_dtype(io_dtype)).size_in_bytes()
 
+    # The CTA's shape follows the MMA kind, so it is known once the build has set target_arch.
+    def _warpgroup_mma(self):
+        """sm_90a up to N = 128: one warpgroup's MMAs read both operands from the shared tiles (sm_100a has no wgmma;
+        N = 256 holds a state too large for one warpgroup's registers)."""
+        return self.target_arch == "sm_90a" and self.d_state <= 128
+
+    @property
+    def warps(self):
+        """(rows, columns) of warps. One warpgroup (2 × 2) for the warpgroup MMAs, two CTAs per SM (one CTA's loads
+        and barriers overlap the other's products); 4 × 2 for the warp MMAs, one CTA per SM: their operand fragments
+        live in registers, which 4 warps holding the whole state cannot spare (ptxas spills)."""
+        return (2, 2) if self._warpgroup_mma() else (4, 2)
+
+    @property
+    def threads(self):
+        return self.warps[0] * self.warps[1] * 32
+
+    @property
+    def block(self):
+        return (self.threads, 1, 1)
+
+    @property
+    def min_ctas_per_sm(self):
+        return 2 if self._warpgroup_mma() else 1
+
     def _mma(self, io_type, tid):
-        """sm_90a with one warpgroup (N <= 128): warpgroup MMAs from the shared tiles; else warp MMAs (sm_100a has
-        no wgmma)."""
-        if self.target_arch == "sm_90a" and self.warps == (2, 2):
+        if self._warpgroup_mma():
             return WarpgroupMmaParts(io_type, tid)
         return MmaParts(io_type, self.warps, tid)
 
     def _scratch_floats(self):
-        """One buffer holds S, the weighted x and the decayed C while the products run, then y (fp32)."""
-        operands = (TILE * TILE + TILE * P_TILE + TILE * self.d_state) * 2
+        """One buffer holds S and the weighted x while the products run, then y (fp32)."""
+        operands = (TILE * TILE + TILE * P_TILE) * 2
         return max(operands, TILE * Y_STRIDE * 4) // 4
 
     def params(self):
@@ -167,14 +188,11 @@ class SsdForward:
             seq = Int32(0)  # sequences of a seq_idx row are numbered from 0 (the runtime allows states only at B == 1)
 
         storage = cutlass.utils.SmemAllocator().allocate(self._shared_storage(io_type))
-        sX = storage.x.get_tensor(smem_layout((TILE, P_TILE)))
-        sZ = storage.z.get_tensor(smem_layout((TILE, P_TILE)))
         sB = storage.B.get_tensor(smem_layout((TILE, N)))
         sC = storage.C.get_tensor(smem_layout((TILE, N)))
         operands = cute.recast_ptr(storage.scratch.data_ptr(), dtype=io_type)
         sS = cute.make_tensor(operands, smem_layout((TILE, TILE)))
         sXw = cute.make_tensor(operands + TILE * TILE, smem_layout((TILE, P_TILE)))
-        sCe = cute.make_tensor(operands + TILE * (TILE + P_TILE), smem_layout((TILE, N)))
         sY = storage.scratch.get_tensor(cute.make_layout((TILE, P_TILE), stride=(Y_STRIDE, 1)))
         sD = storage.D.get_tensor(cute.make_layout((P_TILE,)))
         sH = storage.h.get_tensor(smem_layout((P_TILE, N)))
@@ -213,12 +231,11 @@ class SsdForward:
         else:  # the state entering the segment, as the states-only pass left it (the chunk state before start)
             entering = states.chunks[row, start // a.chunk_size - 1, h, None, None]
             self._set_state(mma, acc_h, sH, entering, True, p0, io_type)
-        tiles = (g2s, tid, gx, gz, gB, gC, ident_x, ident_BC, sX, sZ, sB, sC, ptile, L)
-        work = (mma, acc_h, sX, sB, sC, sZ, sS, sXw, sCe, sY, sH, sD, sDelta, sCs)
+        sources = (g2s, tid, gx, gz, gB, gC, ident_x, ident_BC, ptile, L)
 
         # Warp 0 keeps the raw dt (and seq_idx) of the next block in registers: rows lane and lane + 32.
-        dt_next0 = Float32(0.0)
-        dt_next1 = Float32(0.0)
+        dt_next0 = io_type(0.0)
+        dt_next1 = io_type(0.0)
         seq_next0 = Int32(0)
         seq_next1 = Int32(0)
         prev_seq = Int32(0)
@@ -232,50 +249,90 @@ class SsdForward:
             loads = (g2s, tid, gx, gB, ident_x, ident_BC, ptile, L)
             walk = (a, states, mma, acc_h, sXw, sDelta, sCs, sChanges, dt, seq_idx, row, h, p0, start, end, blk_end,
                     bias, A_log2, warp_id, lane)
-            self._walk_states(walk, loads, blk_first, blk_end, (sX, sB), (sZ, sC), dt_next0, dt_next1, io_type)
+            self._walk_states(walk, loads, blk_first, blk_end, (buffer(storage.x, 0), sB), (buffer(storage.x, 1), sC),
+                              dt_next0, dt_next1, io_type)
             blk_end = blk_first  # (nothing left for the walk with outputs)
 
-        for blk in range(blk_first, blk_end):
-            cute.arch.sync_threads()  # every warp done with the previous block's tiles
-            self._load_block(a, tiles, blk)
-            if warp_id == 0:
-                prev_seq = self._scan_block(a, dt_next0, dt_next1, seq_next0, seq_next1, prev_seq, blk, start, end,
-                                            bias, A_log2, sDelta, sCs, sChanges, lane)
-                dt_next0, dt_next1, seq_next0, seq_next1 = self._load_raw(a, dt, seq_idx, row, h, blk + 1, lane, L)
-            cute.arch.cp_async_wait_group(0)
-            fence_operands(mma)  # (and h₀ of the last block)
-            cute.arch.sync_threads()  # the block's tiles, Δ and cumsums are in shared memory
-
-            changes_lo = sChanges[0]
-            changes_hi = sChanges[1]
-            block_start = blk * TILE
-            seg = cute.math.max(start, block_start) - block_start
-            seg_stop = cute.math.min(end, block_start + TILE) - block_start
-            while seg < seg_stop:
-                seg_end = cute.math.min(next_change(changes_lo, changes_hi, seg), seg_stop)
-                if mask_bit(changes_lo, changes_hi, seg) != 0:
-                    self._end_sequence(a, states, mma, acc_h, seq, h, p0, state_type)
-                    seq = seq + 1
-                    self._begin_sequence(a, states, mma, acc_h, sH, seq, h, p0, io_type)
-                    fence_operands(mma)
-                cute.arch.sync_threads()  # h₀ in shared memory, and every warp done with the last segment
-                self._segment(a, work, out, row, h, ptile, block_start, seg, seg_end, tid, io_type)
-                seg = seg_end
-
-            # (a split call's states-only pass wrote the chunk states of every segment but the last)
-            if (a.has_chunk_states != 0) & (segment == a.segments - 1):
-                self._store_chunk_state(a, states, mma, acc_h, row, h, p0, block_start + seg_stop - 1, L)
+        # Each block's tiles are loaded, and its Δ scanned by warp 0, while the block before it finishes: two blocks
+        # per iteration, so that x and z alternate between their two buffers statically.
+        outputs_walk = (a, states, mma, acc_h, dt, seq_idx, out, row, h, p0, ptile, segment, start, end, blk_first,
+                        blk_end, bias, A_log2, tid, warp_id, lane, sources)
+        smem = (storage, sB, sC, sS, sXw, sY, sH, sD, sDelta, sCs, sChanges)
+        for pair in range(blk_first, blk_end, 2):
+            for parity in cutlass.range_constexpr(2):
+                if pair + parity < blk_end:
+                    seq, prev_seq, dt_next0, dt_next1, seq_next0, seq_next1 = self._block(
+                        outputs_walk, smem, pair + parity, parity, seq, prev_seq, dt_next0, dt_next1, seq_next0,
+                        seq_next1, state_type, io_type)
 
         if segment == a.segments - 1:
             self._end_sequence(a, states, mma, acc_h, seq, h, p0, state_type)
+
+    @cute.jit
+    def _block(self, walk, smem, blk, parity: cutlass.Constexpr, seq, prev_seq, dt0, dt1, seq0, seq1,
+               state_type: cutlass.Constexpr, io_type: cutlass.Constexpr):
+        """One block of the walk with outputs, its tiles in the x / z buffers ``parity``: each sequence segment's
+        products, state and outputs. Once its last products are done, the next block's tiles are loaded (x and z into
+        the other buffers, B and C in place) and warp 0 scans the next block's Δ while the other warps write the
+        outputs. (The first block's loads and scan are made here.) Returns the carried sequence number, seq_idx and
+        raw dt / seq_idx of the block after next."""
+        (a, states, mma, acc_h, dt, seq_idx, out, row, h, p0, ptile, segment, start, end, blk_first, blk_end, bias,
+         A_log2, tid, warp_id, lane, sources) = walk
+        storage, sB, sC, sS, sXw, sY, sH, sD, sDelta, sCs, sChanges = smem
+        L = a.seqlen
+        sX = buffer(storage.x, parity)
+        sZ = buffer(storage.z, parity)
+        work = (mma, acc_h, sX, sB, sC, sS, sXw, sY, sH, sDelta, sCs)
+        if blk == blk_first:
+            self._load_block(a, sources, (sX, sZ, sB, sC), blk)
+            if warp_id == 0:
+                prev_seq = self._scan_block(a, dt0, dt1, seq0, seq1, prev_seq, blk, start, end, bias, A_log2, sDelta,
+                                            sCs, sChanges, lane)
+                dt0, dt1, seq0, seq1 = self._load_raw(a, dt, seq_idx, row, h, blk + 1, lane, L)
+        cute.arch.cp_async_wait_group(0)
+        fence_operands(mma)  # (and h₀ of the last block)
+        cute.arch.sync_threads()  # the block's tiles, Δ and cumsums are in shared memory; the last outputs written
+
+        changes_lo = sChanges[0]
+        changes_hi = sChanges[1]
+        block_start = blk * TILE
+        seg = cute.math.max(start, block_start) - block_start
+        seg_stop = cute.math.min(end, block_start + TILE) - block_start
+        while seg < seg_stop:
+            seg_end = cute.math.min(next_change(changes_lo, changes_hi, seg), seg_stop)
+            if mask_bit(changes_lo, changes_hi, seg) != 0:
+                self._end_sequence(a, states, mma, acc_h, seq, h, p0, state_type)
+                seq = seq + 1
+                self._begin_sequence(a, states, mma, acc_h, sH, seq, h, p0, io_type)
+                fence_operands(mma)
+            cute.arch.sync_threads()  # h₀ in shared memory, and every warp done with the last segment
+            acc_y = self._products(work, seg, seg_end, tid, io_type)
+            self._stage_outputs(work, acc_y, io_type)
+            if seg_end == seg_stop:  # the block's products are done: nothing reads its B and C any more
+                if blk + 1 < blk_end:
+                    self._load_block(a, sources, (buffer(storage.x, 1 - parity), buffer(storage.z, 1 - parity), sB,
+                                                  sC), blk + 1)
+            if warp_id == 0:
+                if seg_end == seg_stop:  # nothing reads the block's Δ, cumsums or sequence changes any more
+                    prev_seq = self._scan_block(a, dt0, dt1, seq0, seq1, prev_seq, blk + 1, start, end, bias, A_log2,
+                                                sDelta, sCs, sChanges, lane)
+                    dt0, dt1, seq0, seq1 = self._load_raw(a, dt, seq_idx, row, h, blk + 2, lane, L)
+            else:
+                self._store_rows(a, sY, sX, sZ, sD, out, row, h, ptile, block_start, seg, seg_end, tid - 32, io_type)
+            seg = seg_end
+
+        # (a split call's states-only pass wrote the chunk states of every segment but the last)
+        if (a.has_chunk_states != 0) & (segment == a.segments - 1):
+            self._store_chunk_state(a, states, mma, acc_h, row, h, p0, block_start + seg_stop - 1, L)
+        return seq, prev_seq, dt0, dt1, seq0, seq1
 
     def _shared_storage(self, io_type):
         N = self.d_state
 
         @cute.struct
         class SharedStorage:
-            x: cute.struct.Align[cute.struct.MemRange[io_type, TILE * P_TILE], SMEM_ALIGN]
-            z: cute.struct.Align[cute.struct.MemRange[io_type, TILE * P_TILE], SMEM_ALIGN]
+            x: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * P_TILE], SMEM_ALIGN]
+            z: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * P_TILE], SMEM_ALIGN]
             B: cute.struct.Align[cute.struct.MemRange[io_type, TILE * N], SMEM_ALIGN]
             C: cute.struct.Align[cute.struct.MemRange[io_type, TILE * N], SMEM_ALIGN]
             scratch: cute.struct.Align[cute.struct.MemRange[Float32, self._scratch_floats()], SMEM_ALIGN]
@@ -288,10 +345,11 @@ class SsdForward:
         return SharedStorage
 
     @cute.jit
-    def _load_block(self, a, tiles, blk):
-        """cp.async the block's x and z (their P slice), B and C rows into shared memory (one commit group);
+    def _load_block(self, a, sources, tiles, blk):
+        """cp.async the block's x and z (their P slice), B and C rows into the shared ``tiles`` (one commit group);
         rows past L become zeros."""
-        g2s, tid, gx, gz, gB, gC, ident_x, ident_BC, sX, sZ, sB, sC, ptile, L = tiles
+        g2s, tid, gx, gz, gB, gC, ident_x, ident_BC, ptile, L = sources
+        sX, sZ, sB, sC = tiles
         thr = g2s.get_slice(tid)
         load_tile(g2s, thr, gx, ident_x, sX, (TILE, P_TILE), (blk, ptile), L)
         if a.has_z != 0:
@@ -302,18 +360,19 @@ class SsdForward:
 
     @cute.jit
     def _load_raw(self, a, dt, seq_idx, row, h, blk, lane, L):
-        """Warp 0: the raw dt and seq_idx of a block's rows lane and lane + 32 (zeros past L)."""
-        dt0 = Float32(0.0)
-        dt1 = Float32(0.0)
+        """Warp 0: the raw dt and seq_idx of a block's rows lane and lane + 32 (zeros past L). dt stays in the I/O
+        dtype until the block's scan converts it: a conversion here would wait for the load."""
+        dt0 = dt.element_type(0.0)
+        dt1 = dt.element_type(0.0)
         s0 = Int32(0)
         s1 = Int32(0)
         tok = blk * TILE + lane
         if tok < L:
-            dt0 = dt[row, tok, h].to(Float32)
+            dt0 = dt[row, tok, h]
             if a.has_seq_idx != 0:
                 s0 = seq_idx[row, tok]
         if tok + 32 < L:
-            dt1 = dt[row, tok + 32, h].to(Float32)
+            dt1 = dt[row, tok + 32, h]
             if a.has_seq_idx != 0:
                 s1 = seq_idx[row, tok + 32]
         return dt0, dt1, s0, s1
@@ -329,10 +388,10 @@ class SsdForward:
         d1 = Float32(0.0)
         if tok0 >= start:
             if tok0 < end:
-                d0 = delta_from_dt(dt0, bias, a.dt_softplus, a.dt_min, a.dt_max)
+                d0 = delta_from_dt(dt0.to(Float32), bias, a.dt_softplus, a.dt_min, a.dt_max)
         if tok1 >= start:
             if tok1 < end:
-                d1 = delta_from_dt(dt1, bias, a.dt_softplus, a.dt_min, a.dt_max)
+                d1 = delta_from_dt(dt1.to(Float32), bias, a.dt_softplus, a.dt_min, a.dt_max)
         c0, c1 = block_cumsum(d0, d1, A_log2, lane)
         sDelta[lane] = d0
         sDelta[lane + 32] = d1
@@ -361,40 +420,47 @@ class SsdForward:
         return cute.arch.shuffle_sync(s1, 31)
 
     @cute.jit
-    def _segment(self, a, work, out, row, h, ptile, block_start, s0, s1, tid, io_type: cutlass.Constexpr):
-        """Rows [s0, s1) of the block (one sequence): outputs, and h advanced past them.
+    def _products(self, work, s0, s1, tid, io_type: cutlass.Constexpr):
+        """Rows [s0, s1) of the block (one sequence): y (before D and the gate) and h advanced past them, in the
+        accumulators; when it returns, no warp reads the block's x, B, C or the scratch operands any more.
 
-        y = [S | e ⊙ C] · [x ; h₀ᵀ] is one accumulation (e_i = the entering state's decay to row i, folded into
-        C's rows), so only h and one other accumulator are live at a time. Per-row and per-column values of a
-        thread's fragment are read once, and masks are selects."""
-        mma, acc_h, sX, sB, sC, sZ, sS, sXw, sCe, sY, sH, sD, sDelta, sCs = work
-        zero = Float32(0.0)
+        y = e ⊙ (C · h₀ᵀ) + S · x (e_i = the entering state's decay to row i, applied to the accumulator's rows),
+        one accumulator beside h and S. Per-row and per-column values of a thread's fragment are read once, and
+        masks are selects."""
+        mma, acc_h, sX, sB, sC, sS, sXw, sY, sH, sDelta, sCs = work
         base, cs_end = self._run_cumsums(sCs, s0, s1)
-        self._masked_scores(mma, sC, sB, sS, sDelta, sCs, s0, s1, io_type)
-
-        # row-wise, 16-byte vectors: e_s C_s, and the weighted x
-        per_row = self.threads // TILE
-        s = tid // per_row
-        row_decay = cute.math.exp2(cute.math.min(sCs[s] - base, zero), fastmath=True)
-        scale_row(sC, sCe, s, tid % per_row, per_row, row_decay, io_type)
-        self._weigh_rows(sX, sXw, sDelta, sCs, s0, s1, cs_end, tid, io_type)
-        fence_operands(mma)
-        cute.arch.sync_threads()  # S, e ⊙ C and the weighted x are complete
-
+        acc_s = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
+        acc_s.fill(0.0)
         acc_y = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P_TILE)), Float32)
         acc_y.fill(0.0)
-        # y's two products and h's run as one asynchronous group on sm_90a (independent accumulators); the last,
-        # in _advance_state, waits for all three before anyone reads acc_y or rewrites an operand tile
+        mma.gemm(acc_s, sC, sB, self.d_state // 16, wait=False)
+        self._weigh_rows(sX, sXw, sDelta, sCs, s0, s1, cs_end, tid, io_type)  # while C·Bᵀ runs (sm_90a)
+        mma.wait()
+        if cutlass.const_expr(mma.asynchronous):
+            mma.gemm(acc_y, sC, sH, self.d_state // 16, wait=False)  # C·h₀ᵀ runs while S is masked
+            self._mask_scores(mma, acc_s, sS, sDelta, sCs, s0, s1, io_type)
+            mma.wait()
+        else:  # (one accumulator fewer is live during the mask)
+            self._mask_scores(mma, acc_s, sS, sDelta, sCs, s0, s1, io_type)
+            mma.gemm(acc_y, sC, sH, self.d_state // 16)
+        self._decay_rows(mma, acc_y, sCs, base)
+        fence_operands(mma)
+        cute.arch.sync_threads()  # S and the weighted x are complete
+
+        # y's S·x and h's update run as one asynchronous group on sm_90a (independent accumulators); the last,
+        # in _advance_state, waits for both before anyone reads acc_y or rewrites an operand tile
         mma.gemm(acc_y, sS, transposed(sX, TILE, P_TILE), TILE // 16, b_transposed=True, wait=False)
-        mma.gemm(acc_y, sCe, sH, self.d_state // 16, wait=False)
         self._advance_state(mma, acc_h, sXw, sB, base, cs_end)
         cute.arch.sync_threads()  # every warp done reading the scratch operands and h₀
+        return acc_y
 
-        # y (over the scratch) and h₀ of the next segment to shared memory, then the row-wise output pass
+    @cute.jit
+    def _stage_outputs(self, work, acc_y, io_type: cutlass.Constexpr):
+        """y (over the scratch) and h₀ of the next segment to shared memory, for the row-wise output pass."""
+        mma, acc_h, _, _, _, _, _, sY, sH, _, _ = work
         store_pairs(mn_view(acc_y), mn_view(mma.thr.partition_C(sY)), Float32)
         store_pairs(mn_view(acc_h), mn_view(mma.thr.partition_C(sH)), io_type)
         cute.arch.sync_threads()
-        self._store_rows(a, sY, sX, sZ, sD, out, row, h, ptile, block_start, s0, s1, tid, io_type)
 
     @cute.jit
     def _weigh_rows(self, sX, sXw, sDelta, sCs, s0, s1, cs_end, tid, io_type: cutlass.Constexpr):
@@ -482,12 +548,10 @@ class SsdForward:
             store_state(states.chunks[row, chunk, h, None, None], mma, acc_h, p0, Float32)
 
     @cute.jit
-    def _masked_scores(self, mma, sC, sB, sS, sDelta, sCs, s0, s1, io_type):
-        """S = C·Bᵀ ⊙ 2^(cs_i - cs_j) Δ_j on s0 <= j <= i < s1 (zero elsewhere), into sS in the I/O dtype."""
+    def _mask_scores(self, mma, acc_s, sS, sDelta, sCs, s0, s1, io_type):
+        """S = C·Bᵀ (in acc_s) ⊙ 2^(cs_i - cs_j) Δ_j on s0 <= j <= i < s1 (zero elsewhere), into sS in the I/O
+        dtype."""
         zero = Float32(0.0)
-        acc_s = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
-        acc_s.fill(0.0)
-        mma.gemm(acc_s, sC, sB, self.d_state // 16)
         S = mn_view(acc_s)
         S_coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, TILE))))
         S_smem = mn_view(mma.thr.partition_C(sS))
@@ -510,36 +574,47 @@ class SsdForward:
         store_pairs(S, S_smem, io_type)
 
     @cute.jit
-    def _store_rows(self, a, sY, sX, sZ, sD, out, row, h, ptile, block_start, s0, s1, tid, io_type):
-        """out = (y + D ⊙ x) · silu(z) for rows [s0, s1): threads / 64 threads per row, each a run of columns
-        read and written as vectors."""
-        per_row = self.threads // TILE
-        W = P_TILE // per_row
-        s = tid // per_row
-        q = tid % per_row
-        if (s >= s0) & (s < s1):
-            dst = cute.zipped_divide(out[row, block_start + s, h, None], (W,))[None, ptile * per_row + q]
-            if a.has_z != 0:
-                self._store_run(sY, sX, sZ, sD, dst, s, q, W, True, io_type)
-            else:
-                self._store_run(sY, sX, sZ, sD, dst, s, q, W, False, io_type)
+    def _decay_rows(self, mma, acc_y, sCs, base):
+        """acc_y's row i times 2^(cs_i - base): C·h₀ᵀ as the entering state's contribution to row i."""
+        Y = mn_view(acc_y)
+        Y_coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P_TILE))))
+        for r in cutlass.range_constexpr(cute.size(Y, mode=[0])):
+            decay = cute.math.exp2(cute.math.min(sCs[Y_coords[r, 0][0]] - base, Float32(0.0)), fastmath=True)
+            for c in cutlass.range_constexpr(cute.size(Y, mode=[1])):
+                Y[r, c] = Y[r, c] * decay
 
     @cute.jit
-    def _store_run(self, sY, sX, sZ, sD, dst, s, q, W: cutlass.Constexpr, gated: cutlass.Constexpr,
-                   io_type: cutlass.Constexpr):
-        def chunk(tile, k):  # 8 consecutive columns (16 bytes of x or z, 32 of y): one vector
-            return cute.zipped_divide(tile, (CHUNK,))[None, k]
+    def _store_rows(self, a, sY, sX, sZ, sD, out, row, h, ptile, block_start, s0, s1, worker, io_type):
+        """out = (y + D ⊙ x) · silu(z) for rows [s0, s1), by the warps after the first (``worker`` counts their
+        threads): runs of 8 columns, read and written as vectors, dealt out in turn."""
+        rows = out[row, None, h, None]
+        if a.has_z != 0:
+            self._store_runs(sY, sX, sZ, sD, rows, ptile, block_start, s0, s1, worker, True, io_type)
+        else:
+            self._store_runs(sY, sX, sZ, sD, rows, ptile, block_start, s0, s1, worker, False, io_type)
 
-        for k in cutlass.range_constexpr(W // CHUNK):
-            col = q * (W // CHUNK) + k
-            y = cute.make_rmem_tensor((CHUNK,), Float32)
-            y.store(chunk(sY[s, None], col).load() + chunk(sD, col).load() * chunk(sX[s, None], col).load().to(Float32))
-            if cutlass.const_expr(gated):
-                z = cute.make_rmem_tensor((CHUNK,), Float32)
-                z.store(chunk(sZ[s, None], col).load().to(Float32))
-                for e in cutlass.range_constexpr(CHUNK):
-                    y[e] = y[e] * silu_approx(z[e])
-            chunk(dst, k).store(y.load().to(io_type))
+    @cute.jit
+    def _store_runs(self, sY, sX, sZ, sD, rows, ptile, block_start, s0, s1, worker, gated: cutlass.Constexpr,
+                    io_type: cutlass.Constexpr):
+        def chunk(tile, run):  # a run's 8 columns (16 bytes of x or z, 32 of y): one vector
+            return cute.zipped_divide(tile, (CHUNK,))[None, run]
+
+        workers = self.threads - 32
+        runs = P_TILE // CHUNK
+        for k in cutlass.range_constexpr((TILE * runs + workers - 1) // workers):
+            item = worker + k * workers
+            s = item // runs
+            run = item % runs
+            if (item < TILE * runs) & (s >= s0) & (s < s1):
+                y = cute.make_rmem_tensor((CHUNK,), Float32)
+                y.store(chunk(sY[s, None], run).load() + chunk(sD, run).load() * chunk(sX[s, None], run).load().to(
+                    Float32))
+                if cutlass.const_expr(gated):
+                    z = cute.make_rmem_tensor((CHUNK,), Float32)
+                    z.store(chunk(sZ[s, None], run).load().to(Float32))
+                    for e in cutlass.range_constexpr(CHUNK):
+                        y[e] = y[e] * silu_approx(z[e])
+                chunk(rows[block_start + s, None], ptile * runs + run).store(y.load().to(io_type))
 
     @cute.jit
     def _begin_sequence(self, a, states, mma, acc_h, sH, seq, h, p0, io_type):

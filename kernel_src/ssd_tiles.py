@@ -70,6 +70,8 @@ class MmaParts:
     """A tiled warp MMA (m16n8k16, fp32 accumulation, ``warps`` = (rows, columns) of warps) with its ldmatrix
     copies: ``gemm`` runs acc += A·Bᵀ over K from two shared tiles."""
 
+    asynchronous = False
+
     def __init__(self, io_type, warps, tid):
         wm, wn = warps
         tiled_mma = cute.make_tiled_mma(warp.MmaF16BF16Op(io_type, Float32, (16, 8, 16)), cute.make_layout((wm, wn, 1)),
@@ -105,12 +107,17 @@ class MmaParts:
             cute.copy(copy_B, src_B[None, None, k], dst_B[None, None, k])
             cute.gemm(self.tiled, acc, frag_A[None, None, k], frag_B[None, None, k], acc)
 
+    def wait(self):
+        """(Warp MMAs are synchronous: nothing to wait for.)"""
+
 
 class WarpgroupMmaParts:
     """Hopper warpgroup MMA (wgmma, sm_90a only; one warpgroup of 4 warps, fp32 accumulation) with
     :class:`MmaParts`' interface: ``gemm`` reads both operands straight from the shared tiles (``smem_layout``'s
     128-byte swizzle is the wgmma canonical one; a transposed view is an M- / N-major operand), so there are no
     ldmatrix copies and one instruction covers 64 × 64 × 16."""
+
+    asynchronous = True  # gemm(..., wait=False) returns while the product runs
 
     def __init__(self, io_type, tid):
         def tiled(a_major, b_major):
@@ -146,6 +153,10 @@ class WarpgroupMmaParts:
         warpgroup.commit_group()
         if cutlass.const_expr(wait):
             warpgroup.wait_group(0)
+
+    def wait(self):
+        """Wait for every product issued so far (``gemm(..., wait=False)``)."""
+        warpgroup.wait_group(0)
 
 
 def fence_operands(mma):
