@@ -45,7 +45,7 @@ class SsdBackwardStates:
     def __init__(self, headdim: int, d_state: int, io_dtype: str):
         expect_constants(self, headdim=headdim, d_state=d_state, io_dtype=io_dtype)
         self.headdim, self.d_state, self.io_dtype = headdim, d_state, io_dtype
-        self.warps = (2, 2) if d_state <= 128 else (4, 2)   # as the forward: the dh accumulator's size
+        self.warps = (2, 2) if d_state <= 128 else (4, 2)   # the dh accumulator's size: 4 warps hold it to N = 128
         self.threads = self.warps[0] * self.warps[1] * 32
         self.block = (self.threads, 1, 1)
         self.cluster = (1, 1, 1)

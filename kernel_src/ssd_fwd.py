@@ -15,8 +15,8 @@ inputs contribute nothing; padding past L is zero-filled).
 
 One CTA owns one (64-row slice of P, head, sequence source) and walks its tokens in blocks of 64 aligned
 to the row, carrying the fp32 state h (64 × N) in the MMA accumulators. A block's x, z, B, C are loaded with
-cp.async while the block before it finishes: once that block's products are done (B and C in place, x and z into
-the other of two buffers), and meanwhile warp 0 computes the block's Δ and cumsums while the other warps write the
+cp.async while the block before it finishes, once that block's products are done (B and C in place, x and z into
+the other of two buffers). Meanwhile warp 0 computes the block's Δ and cumsums, and the other warps write the
 previous block's outputs. The products C·Bᵀ, C·h₀ᵀ (its rows then scaled by e_t = 2^(cs_t - cs_0-) in fp32), S·x
 and (Δ-weighted x)ᵀ·B are bf16/fp16 tensor-core MMAs with fp32 accumulation: on sm_90a (N <= 128: one
 warpgroup) Hopper warpgroup MMAs reading both operands from the shared tiles, elsewhere warp MMAs (mma.sync
@@ -55,7 +55,7 @@ Y_STRIDE = P_TILE + 4   # fp32 row pitch of the staged outputs: fewer bank confl
 
 
 def buffer(storage_range, parity: int):
-    """Tile ``parity`` (0 or 1) of a double-buffered (TILE, P_TILE) operand."""
+    """Tile ``parity`` (0 or 1) of a double-buffered (TILE, P_TILE) operand (x or z)."""
     return cute.make_tensor(storage_range.data_ptr() + parity * (TILE * P_TILE), smem_layout((TILE, P_TILE)))
 
 
@@ -78,6 +78,7 @@ class SsdForward:
     def _warpgroup_mma(self):
         """sm_90a up to N = 128: one warpgroup's MMAs read both operands from the shared tiles (sm_100a has no wgmma;
         N = 256 holds a state too large for one warpgroup's registers)."""
+        assert self.target_arch is not None, "ssd_fwd's CTA shape follows the target: set target_arch first"
         return self.target_arch == "sm_90a" and self.d_state <= 128
 
     @property
@@ -274,8 +275,8 @@ class SsdForward:
         """One block of the walk with outputs, its tiles in the x / z buffers ``parity``: each sequence segment's
         products, state and outputs. Once its last products are done, the next block's tiles are loaded (x and z into
         the other buffers, B and C in place) and warp 0 scans the next block's Δ while the other warps write the
-        outputs. (The first block's loads and scan are made here.) Returns the carried sequence number, seq_idx and
-        raw dt / seq_idx of the block after next."""
+        outputs. (The first block's loads and scan are made here.) Returns the carried values: the sequence number,
+        the seq_idx of the next block's last row, and warp 0's raw dt / seq_idx of the block after next."""
         (a, states, mma, acc_h, dt, seq_idx, out, row, h, p0, ptile, segment, start, end, blk_first, blk_end, bias,
          A_log2, tid, warp_id, lane, sources) = walk
         storage, sB, sC, sS, sXw, sY, sH, sD, sDelta, sCs, sChanges = smem
@@ -283,12 +284,13 @@ class SsdForward:
         sX = buffer(storage.x, parity)
         sZ = buffer(storage.z, parity)
         work = (mma, acc_h, sX, sB, sC, sS, sXw, sY, sH, sDelta, sCs)
-        if blk == blk_first:
-            self._load_block(a, sources, (sX, sZ, sB, sC), blk)
-            if warp_id == 0:
-                prev_seq = self._scan_block(a, dt0, dt1, seq0, seq1, prev_seq, blk, start, end, bias, A_log2, sDelta,
-                                            sCs, sChanges, lane)
-                dt0, dt1, seq0, seq1 = self._load_raw(a, dt, seq_idx, row, h, blk + 1, lane, L)
+        if cutlass.const_expr(parity == 0):  # (the first block is always a pair's first)
+            if blk == blk_first:
+                self._load_block(a, sources, (sX, sZ, sB, sC), blk)
+                if warp_id == 0:
+                    prev_seq = self._scan_block(a, dt0, dt1, seq0, seq1, prev_seq, blk, start, end, bias, A_log2,
+                                                sDelta, sCs, sChanges, lane)
+                    dt0, dt1, seq0, seq1 = self._load_raw(a, dt, seq_idx, row, h, blk + 1, lane, L)
         cute.arch.cp_async_wait_group(0)
         fence_operands(mma)  # (and h₀ of the last block)
         cute.arch.sync_threads()  # the block's tiles, Δ and cumsums are in shared memory; the last outputs written
@@ -313,7 +315,8 @@ class SsdForward:
                     self._load_block(a, sources, (buffer(storage.x, 1 - parity), buffer(storage.z, 1 - parity), sB,
                                                   sC), blk + 1)
             if warp_id == 0:
-                if seg_end == seg_stop:  # nothing reads the block's Δ, cumsums or sequence changes any more
+                # after the block's last products nothing reads its Δ, cumsums or sequence changes any more
+                if (seg_end == seg_stop) & (blk + 1 < blk_end):
                     prev_seq = self._scan_block(a, dt0, dt1, seq0, seq1, prev_seq, blk + 1, start, end, bias, A_log2,
                                                 sDelta, sCs, sChanges, lane)
                     dt0, dt1, seq0, seq1 = self._load_raw(a, dt, seq_idx, row, h, blk + 2, lane, L)
@@ -422,12 +425,13 @@ class SsdForward:
     @cute.jit
     def _products(self, work, s0, s1, tid, io_type: cutlass.Constexpr):
         """Rows [s0, s1) of the block (one sequence): y (before D and the gate) and h advanced past them, in the
-        accumulators; when it returns, no warp reads the block's x, B, C or the scratch operands any more.
+        accumulators; when it returns, no MMA reads the block's tiles or the scratch operands any more (the
+        outputs still read x).
 
         y = e ⊙ (C · h₀ᵀ) + S · x (e_i = the entering state's decay to row i, applied to the accumulator's rows),
         one accumulator beside h and S. Per-row and per-column values of a thread's fragment are read once, and
         masks are selects."""
-        mma, acc_h, sX, sB, sC, sS, sXw, sY, sH, sDelta, sCs = work
+        mma, acc_h, sX, sB, sC, sS, sXw, _, sH, sDelta, sCs = work
         base, cs_end = self._run_cumsums(sCs, s0, s1)
         acc_s = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
         acc_s.fill(0.0)
@@ -485,9 +489,9 @@ class SsdForward:
     @cute.jit
     def _walk_states(self, walk, loads, blk_first, blk_end, first, second, dt0, dt1, io_type: cutlass.Constexpr):
         """A states-only pass: h over blocks [blk_first, blk_end) with no outputs, the chunk states stored. Two
-        blocks per iteration, x and B double-buffered (``first``, ``second``: the (x, B) tiles of the outputs' x
-        and B, and of z and C, which this pass does not use), so each block's loads overlap the previous block's
-        work. Sequence changes are not looked at: the runtime sends no packed call here."""
+        blocks per iteration, x and B double-buffered (``first``, ``second``: the walk with outputs' two x buffers,
+        with its B and C tiles), so each block's loads overlap the previous block's work. Sequence changes are not
+        looked at: the runtime sends no packed call here."""
         blk = blk_first
         self._load_states_tiles(loads, first, blk)
         while blk < blk_end:

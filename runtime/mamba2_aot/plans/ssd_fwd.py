@@ -90,11 +90,13 @@ VECTOR = 8    # elements per 16-byte vector copy of x, B, C
 STATE_ARRAYS = ("initial_states", "initial_state_indices", "final_states", "final_state_indices")
 BLOCK = 64    # tokens per block of the kernel's walk: segments start on block boundaries
 # CTAs the GPU runs at once: two per SM (one for d_state 256) on an H100 / H200 (132 SMs). A constant, not the
-# device's: on a GPU with fewer SMs a split call may take two waves, on one with more it splits too little.
+# device's: on a GPU with fewer SMs a split call may take two waves, on one with more it splits too little (and
+# the sm_100a cubins run one CTA per SM at every d_state, so there a split may take two waves).
 CTA_SLOTS = 2 * 132
 MIN_SEGMENT = 256  # tokens: shorter segments do not pay for the second launch
-# The split's cost model, in full-block units (measured on the H200, docs/PERF_NOTES.md): a block of the
-# states-only pass costs 0.42 of a full one, a full block of a CTA sharing its SM with another 1.28.
+# The split's cost model, in full-block units (measured on the H200, docs/PERF_NOTES.md, sixth session): a block of
+# the states-only pass costs 0.42 of a full one, a full block of a CTA sharing its SM with another 1.28. (Full
+# blocks got ~1.27x faster since, the states-only pass less: not re-measured.)
 STATES_PASS_COST = 0.42
 SHARED_SM_COST = 1.28
 
