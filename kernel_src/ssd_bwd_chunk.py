@@ -49,6 +49,7 @@ PARTIAL_EXTRA = 2   # partials[..., P] = dA, partials[..., P + 1] = ddt_bias
 STATE_BATCH = 32    # state values a thread loads at once (at most)
 PARTS = 3           # per-warp row / column sums: of Q ⊙ M over i, of G ⊙ y0 over P, of x ⊙ U over P
 QUARTERS = THREADS // TILE  # the straddling sums' column pass: each thread sums one quarter of a column's rows
+PARK_VECTOR = 4     # fp32 values of a parked accumulator moved per shared-memory access
 
 
 class SsdBackwardChunk:
@@ -76,8 +77,9 @@ class SsdBackwardChunk:
             ptr("C", io, align=rows), ptr("D", "fp32"), ptr("z", io, align=rows), ptr("dt_bias", "fp32"),
             ptr("out", io, align=rows),
             ptr("dout", io, align=rows), ptr("dx", io), ptr("ddt", io), ptr("dB", io), ptr("dC", io), ptr("dz", io),
-            ptr("initial_states", st), ptr("initial_state_indices", "int32"), ptr("states", "fp32"),
-            ptr("dfinal_states", "fp32"), ptr("dstates", "fp32"), ptr("partials", "fp32"), ptr("group_grads", "fp32"),
+            ptr("initial_states", st), ptr("initial_state_indices", "int32"), ptr("states", "fp32", align=rows),
+            ptr("dfinal_states", "fp32"), ptr("dstates", "fp32", align=rows), ptr("partials", "fp32"),
+            ptr("group_grads", "fp32"),
             ptr("seq_idx", "int32"), ptr("cu_seqlens", "int32"),
             i32("batch"), i32("seqlen"), i32("nheads"), i32("heads_per_group"), i32("head_splits"), i32("num_seqs"),
             i32("num_initial_slots"), i32("nblocks"),
@@ -149,10 +151,10 @@ class SsdBackwardChunk:
             initial=state_blocks(a.initial_states, "initial_states", a.num_initial_slots, "slot"),
             initial_indices=view(a.initial_state_indices, (a.num_seqs,), a.stride_initial_state_indices_seq),
             dfinal=state_blocks(a.dfinal_states, "dfinal_states", a.num_seqs, "seq"),
-            states=view(a.states, (a.batch, a.nblocks, H, P, N), a.stride_states_batch, a.stride_states_block,
-                        a.stride_states_head, N, 1),
-            dstates=view(a.dstates, (a.batch, a.nblocks, H, P, N), a.stride_dstates_batch, a.stride_dstates_block,
-                         a.stride_dstates_head, N, 1),
+            states=view(a.states, (a.batch, a.nblocks, H, P, N), vec(a.stride_states_batch),
+                        vec(a.stride_states_block), vec(a.stride_states_head), N, 1),
+            dstates=view(a.dstates, (a.batch, a.nblocks, H, P, N), vec(a.stride_dstates_batch),
+                         vec(a.stride_dstates_block), vec(a.stride_dstates_head), N, 1),
             partials=view(a.partials, (a.batch, a.nblocks, H, P + PARTIAL_EXTRA), a.stride_partials_batch,
                           a.stride_partials_block, a.stride_partials_head, 1),
             group_grads=view(a.group_grads, (2, a.head_splits, a.batch, L, G, N), a.stride_group_grads_grad,
@@ -353,7 +355,7 @@ class SsdBackwardChunk:
         sZ = cute.make_tensor(sm.scaled.iterator, smem_layout((TILE, P)))
         sY = cute.make_tensor(sm.scaled.iterator + TILE * P, smem_layout((TILE, P)))
 
-        cute.arch.sync_threads()  # every warp done with the last head's tiles
+        # (the last head's _finish waited for every warp to be done with its tiles)
         load_tile(g2s, thr, t.x[row, None, h, None], ident_x, sm.x, (TILE, P), (blk, 0), L)
         load_tile(g2s, thr, t.dout[row, None, h, None], ident_x, sm.G, (TILE, P), (blk, 0), L)
         if a.has_z != 0:
@@ -379,16 +381,15 @@ class SsdBackwardChunk:
             if a.has_D != 0:
                 d_value = t.D[h, tid]
             sD[tid] = d_value
-        if tid < TILE:
-            s_last[tid] = Float32(0.0)
-        for e in range(tid, PARTS * WARPS * TILE, THREADS):
-            s_parts[e] = Float32(0.0)
-        sS, sV = sm.S, sm.V
-        for e in range(tid, TILE * TILE, THREADS):  # entries outside every run stay zero
-            sS[e % TILE, e // TILE] = sS.element_type(0.0)
-            sV[e % TILE, e // TILE] = sV.element_type(0.0)
+        _zero(sm.S, tid)  # entries outside every run stay zero
+        _zero(sm.V, tid)
         cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()
+        # (zeroed only now: warp 0 reads the last head's sums in _rows until it reaches the barrier above)
+        if tid < TILE:
+            s_last[tid] = Float32(0.0)
+        for k in cutlass.range_constexpr(PARTS * WARPS * TILE // THREADS):
+            s_parts[k * THREADS + tid] = Float32(0.0)
 
         if a.has_z != 0:
             self._gate(t, sm, sZ, sY, row, h, block_start, rows, tid, io_type)
@@ -489,9 +490,10 @@ class SsdBackwardChunk:
             if (a.has_dfinal_states == 0) | (seq >= a.num_seqs):
                 dh_valid = Int32(0)
         sH0, sDh, s_dot = sm.h0, sm.dh, sm.dot
-        # the two states: this thread's values (column tid % N of rows tid // N + k·THREADS / N of each contiguous
-        # P × N block) in unrolled batches, so that a batch's loads are in flight together; their fp32 dot product,
-        # and their I/O-dtype copies for the products
+        # the two states: this thread's vectors (CHUNK consecutive values of a row of each contiguous P × N block,
+        # 16-byte loads from the workspace's aligned states, element loads from the callers' arrays) in unrolled
+        # batches, so that a batch's loads are in flight together; their fp32 dot product, and their I/O-dtype
+        # copies for the products, a 16-byte shared store per vector
         def flat(block):
             return cute.make_tensor(block.iterator, cute.make_layout((P * N,)))
 
@@ -500,31 +502,32 @@ class SsdBackwardChunk:
                                      None])
         dh_src = flat(t.dstates[row, blk, h, None, None])
         dfinal_src = flat(t.dfinal[cute.math.max(cute.math.min(seq, a.num_seqs - 1), Int32(0)), h, None, None])
-        rows_per_pass = THREADS // N
-        p_first = tid // N
-        n = tid % N
-        batch = min(STATE_BATCH, P * N // THREADS)
+        rows_per_pass = THREADS * CHUNK // N
+        p_first = tid // (N // CHUNK)
+        chunk = tid % (N // CHUNK)
+        vectors = min(STATE_BATCH, P * N // THREADS) // CHUNK
         dot = Float32(0.0)
-        for part in cutlass.range_constexpr(P * N // THREADS // batch):
-            h0v = cute.make_rmem_tensor((batch,), Float32)
-            dhv = cute.make_rmem_tensor((batch,), Float32)
+        for part in cutlass.range_constexpr(P * N // (THREADS * CHUNK * vectors)):
+            h0v = cute.make_rmem_tensor((CHUNK, vectors), Float32)
+            dhv = cute.make_rmem_tensor((CHUNK, vectors), Float32)
             h0v.fill(0.0)
             dhv.fill(0.0)
             if h0_valid != 0:
                 if h0_from_states != 0:
-                    _gather(h0v, h0_src, part * batch, tid)
+                    _gather(h0v, h0_src, part * vectors, tid)
                 else:
-                    _gather(h0v, initial_src, part * batch, tid)
+                    _gather(h0v, initial_src, part * vectors, tid)
             if dh_valid != 0:
                 if dh_from_dstates != 0:
-                    _gather(dhv, dh_src, part * batch, tid)
+                    _gather(dhv, dh_src, part * vectors, tid)
                 else:
-                    _gather(dhv, dfinal_src, part * batch, tid)
-            for k in cutlass.range_constexpr(batch):
-                p = (part * batch + k) * rows_per_pass + p_first
-                dot = dot + h0v[k] * dhv[k]
-                sH0[p, n] = h0v[k].to(io_type)
-                sDh[p, n] = dhv[k].to(io_type)
+                    _gather(dhv, dfinal_src, part * vectors, tid)
+            for k in cutlass.range_constexpr(vectors):
+                p = (part * vectors + k) * rows_per_pass + p_first
+                for e in cutlass.range_constexpr(CHUNK):
+                    dot = dot + h0v[e, k] * dhv[e, k]
+                cute.zipped_divide(sH0[p, None], (CHUNK,))[None, chunk].store(h0v[None, k].load().to(io_type))
+                cute.zipped_divide(sDh[p, None], (CHUNK,))[None, chunk].store(dhv[None, k].load().to(io_type))
         dot = _warp_sum(dot)
         if cute.arch.lane_idx() == 0:
             s_dot[cute.arch.warp_idx()] = dot
@@ -571,7 +574,6 @@ class SsdBackwardChunk:
         warp_id = cute.arch.warp_idx()
         lane = cute.arch.lane_idx()
         parts = cute.make_tensor(sm.parts.iterator, cute.make_layout((PARTS, WARPS, TILE), stride=(WARPS * TILE, TILE, 1)))
-        sS, sV = sm.S, sm.V
         coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, TILE))))
         frag = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
         cb = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
@@ -581,22 +583,36 @@ class SsdBackwardChunk:
         F = mn_view(frag)
         CB = mn_view(cb)
         St = mn_view(stored)
+        S_rows = mn_view(mma.thr.partition_C(sm.S))
+        V_rows = mn_view(mma.thr.partition_C(sm.V))
+        columns = cute.size(F, mode=[1])
+        cs_j = cute.make_rmem_tensor((columns,), Float32)
+        delta_j = cute.make_rmem_tensor((columns,), Float32)
+        for c in cutlass.range_constexpr(columns):
+            cs_j[c] = sm.cs[coords[0, c][1]]
+            delta_j[c] = sm.delta[coords[0, c][1]]
+        s_pair = cute.make_rmem_tensor((2,), io_type)
+        v_pair = cute.make_rmem_tensor((2,), io_type)
         for r in cutlass.range_constexpr(cute.size(F, mode=[0])):
             i = coords[r, 0][0]
             cs_i = sm.cs[i]
             row_in = (i >= s0) & (i < s1)
-            for c in cutlass.range_constexpr(cute.size(F, mode=[1])):
-                j = coords[0, c][1]
-                keep = row_in & (j >= s0) & (j <= i)
-                decay = cute.math.exp2(cute.math.min(cs_i - sm.cs[j], zero), fastmath=True)
-                q = St[r, c]
-                m = CB[r, c] * decay
-                delta_j = sm.delta[j]
-                F[r, c] = Float32(cutlass.select_(keep, m * q, zero))
-                St[r, c] = Float32(cutlass.select_(keep, m * q * delta_j, q))
-                if keep:
-                    sS[i, j] = (m * delta_j).to(io_type)
-                    sV[i, j] = (q * decay * delta_j).to(io_type)
+            for n in cutlass.range_constexpr(columns // 2):
+                for half in cutlass.range_constexpr(2):
+                    c = 2 * n + half
+                    j = coords[0, c][1]
+                    keep = row_in & (j >= s0) & (j <= i)
+                    decay = cute.math.exp2(cute.math.min(cs_i - cs_j[c], zero), fastmath=True)
+                    q = St[r, c]
+                    m = CB[r, c] * decay
+                    F[r, c] = Float32(cutlass.select_(keep, m * q, zero))
+                    St[r, c] = Float32(cutlass.select_(keep, m * q * delta_j[c], q))
+                    s_pair[half] = Float32(cutlass.select_(keep, m * delta_j[c], zero)).to(io_type)
+                    v_pair[half] = Float32(cutlass.select_(keep, q * decay * delta_j[c], zero)).to(io_type)
+                # a run's row is written whole: its entries outside the run are zero (M is block-diagonal by run)
+                if row_in:
+                    S_rows[r, (None, n)].store(s_pair.load())
+                    V_rows[r, (None, n)].store(v_pair.load())
         _column_sums(F, coords, parts[0, warp_id, None], lane)
         _park(stored, sm.fragments[1, tid, None])
 
@@ -605,6 +621,8 @@ class SsdBackwardChunk:
         T_ = mn_view(tmp)
         dX = mn_view(acc_dx)
         coords_p = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P))))
+        x_rows = mn_view(mma.thr.partition_C(sm.x))  # the thread's (row, column pair) entries of the tiles
+        G_rows = mn_view(mma.thr.partition_C(sm.G))
         tmp.fill(0.0)
         mma.gemm(tmp, sm.B, sm.dh, N // 16)
         for r in cutlass.range_constexpr(cute.size(T_, mode=[0])):
@@ -612,10 +630,13 @@ class SsdBackwardChunk:
             f = Float32(cutlass.select_((i >= s0) & (i < s1),
                                         cute.math.exp2(cute.math.min(cs_end - sm.cs[i], zero), fastmath=True), zero))
             delta_i = sm.delta[i]
-            for c in cutlass.range_constexpr(cute.size(T_, mode=[1])):
-                u = f * T_[r, c]
-                dX[r, c] = dX[r, c] + delta_i * u
-                T_[r, c] = u * sm.x[i, coords_p[0, c][1]].to(Float32)
+            for n in cutlass.range_constexpr(cute.size(T_, mode=[1]) // 2):
+                x_pair = x_rows[r, (None, n)].load().to(Float32)
+                for half in cutlass.range_constexpr(2):
+                    c = 2 * n + half
+                    u = f * T_[r, c]
+                    dX[r, c] = dX[r, c] + delta_i * u
+                    T_[r, c] = u * x_pair[half]
         _row_sums(T_, coords_p, parts[2, warp_id, None], lane)
         # y0 = e ⊙ C·h₀ᵀ on the run's rows: row sums of G ⊙ y0
         tmp.fill(0.0)
@@ -624,8 +645,10 @@ class SsdBackwardChunk:
             i = coords_p[r, 0][0]
             f = Float32(cutlass.select_((i >= s0) & (i < s1),
                                         cute.math.exp2(cute.math.min(sm.cs[i] - base, zero), fastmath=True), zero))
-            for c in cutlass.range_constexpr(cute.size(T_, mode=[1])):
-                T_[r, c] = f * T_[r, c] * sm.G[i, coords_p[0, c][1]].to(Float32)
+            for n in cutlass.range_constexpr(cute.size(T_, mode=[1]) // 2):
+                g_pair = G_rows[r, (None, n)].load().to(Float32)
+                for half in cutlass.range_constexpr(2):
+                    T_[r, 2 * n + half] = f * T_[r, 2 * n + half] * g_pair[half]
         _row_sums(T_, coords_p, parts[1, warp_id, None], lane)
         # dB += (w ⊙ x)·dh_end ; dC += (e ⊙ G)·h₀
         _accumulate(mma, sm.dB[tid, None], sXw, transposed(sm.dh, P, N), P // 16, b_transposed=True)
@@ -640,6 +663,7 @@ class SsdBackwardChunk:
         lane = cute.arch.lane_idx()
         zero = Float32(0.0)
         coords_p = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P))))
+        G_rows = mn_view(mma.thr.partition_C(sm.G))
         parts = cute.make_tensor(sm.parts.iterator, cute.make_layout((PARTS, WARPS, TILE), stride=(WARPS * TILE, TILE, 1)))
         cute.arch.sync_threads()  # S, V and every warp's row and column sums are in shared memory
         self._straddling_sums(sm, mma, tid)
@@ -652,9 +676,12 @@ class SsdBackwardChunk:
         for r in cutlass.range_constexpr(cute.size(dX, mode=[0])):
             i = coords_p[r, 0][0]
             inside = sm.seq[i] >= 0
-            for c in cutlass.range_constexpr(cute.size(dX, mode=[1])):
-                p = coords_p[0, c][1]
-                dX[r, c] = Float32(cutlass.select_(inside, dX[r, c] + sm.D[p] * sm.G[i, p].to(Float32), zero))
+            for n in cutlass.range_constexpr(cute.size(dX, mode=[1]) // 2):
+                g_pair = G_rows[r, (None, n)].load().to(Float32)
+                for half in cutlass.range_constexpr(2):
+                    c = 2 * n + half
+                    dX[r, c] = Float32(cutlass.select_(inside, dX[r, c] + sm.D[coords_p[0, c][1]] * g_pair[half],
+                                                       zero))
         for r in cutlass.range_constexpr(cute.size(dX, mode=[0])):
             i = coords_p[r, 0][0]
             if i < rows:
@@ -665,6 +692,8 @@ class SsdBackwardChunk:
                     a_transposed=True, b_transposed=True)
         _accumulate(mma, sm.dC[tid, None], sm.V, transposed(sm.B, TILE, N), TILE // 16, b_transposed=True)
 
+        # every warp done with the head's tiles: the others load the next head's while warp 0 finishes this one
+        cute.arch.sync_threads()
         if warp_id == 0:
             self._rows(a, t, sm, parts, row, h, blk, block_start, rows, A, lane, io_type)
         if tid >= THREADS - P:  # dD's column sums: the slices in order
@@ -829,31 +858,64 @@ class Shared:
         self.run_start = storage.run_start.get_tensor(cute.make_layout((TILE,)))
         self.run_end = storage.run_end.get_tensor(cute.make_layout((TILE,)))
         self.masks = storage.masks.get_tensor(cute.make_layout((5,)))
-        per_thread = TILE * TILE // THREADS
         self.fragments = storage.fragments.get_tensor(
-            cute.make_layout((2, THREADS, per_thread), stride=(TILE * TILE, 1, THREADS)))
-        self.dB = storage.dB.get_tensor(cute.make_layout((THREADS, TILE * N // THREADS), stride=(1, THREADS)))
-        self.dC = storage.dC.get_tensor(cute.make_layout((THREADS, TILE * N // THREADS), stride=(1, THREADS)))
+            cute.make_layout((2, THREADS, _per_thread(TILE)), stride=(TILE * TILE, PARK_VECTOR, _per_thread_stride())))
+        self.dB = storage.dB.get_tensor(_parking(N))
+        self.dC = storage.dC.get_tensor(_parking(N))
+
+
+def _per_thread(columns):
+    """A thread's share of a (TILE, columns) fp32 accumulator, as (vector, vectors)."""
+    return (PARK_VECTOR, TILE * columns // THREADS // PARK_VECTOR)
+
+
+def _per_thread_stride():
+    # a thread's vectors THREADS vectors apart: the 16-byte accesses of a warp are then contiguous (no bank conflicts)
+    return (1, PARK_VECTOR * THREADS)
+
+
+def _parking(columns):
+    """(thread, its share) of a parked (TILE, columns) fp32 accumulator."""
+    return cute.make_layout((THREADS, _per_thread(columns)), stride=(PARK_VECTOR, _per_thread_stride()))
 
 
 @cute.jit
 def _gather(values, src, first, tid):
-    """values[k] = src[(first + k) · THREADS + tid] in fp32: a batch of a thread's state values, loaded together."""
-    for k in cutlass.range_constexpr(cute.size(values)):
-        values[k] = src[(first + k) * THREADS + tid].to(Float32)
+    """values[:, k] = vector (first + k) · THREADS + tid of ``src`` (CHUNK consecutive values) in fp32: a batch of a
+    thread's state values, loaded together (one 16-byte load per vector where ``src`` is known to be aligned)."""
+    vectors = cute.zipped_divide(src, (CHUNK,))
+    for k in cutlass.range_constexpr(cute.size(values, mode=[1])):
+        values[None, k].store(vectors[None, (first + k) * THREADS + tid].load().to(Float32))
+
+
+@cute.jit
+def _zero(tile, tid):
+    """A (TILE, TILE) shared tile of 16-bit values set to zero, 16 bytes per store."""
+    vectors = cute.zipped_divide(cute.make_tensor(tile.iterator, cute.make_layout((TILE * TILE,))), (CHUNK,))
+    zeros = cute.make_rmem_tensor((CHUNK,), tile.element_type)
+    zeros.fill(0.0)
+    for k in cutlass.range_constexpr(TILE * TILE // CHUNK // THREADS):
+        vectors[None, k * THREADS + tid].store(zeros.load())
 
 
 @cute.jit
 def _park(frag, dst):
-    """A thread's accumulator fragment into its column of a thread-major shared array (no bank conflicts)."""
-    for e in cutlass.range_constexpr(cute.size(frag)):
-        dst[e] = frag[e]
+    """A thread's accumulator fragment into its share of a thread-major shared array, 16 bytes per store."""
+    vectors = cute.make_tensor(dst.iterator, cute.flatten(dst.layout))
+    vector = cute.make_rmem_tensor((PARK_VECTOR,), Float32)
+    for k in cutlass.range_constexpr(cute.size(frag) // PARK_VECTOR):
+        for e in cutlass.range_constexpr(PARK_VECTOR):
+            vector[e] = frag[k * PARK_VECTOR + e]
+        vectors[None, k].store(vector.load())
 
 
 @cute.jit
 def _unpark(frag, src):
-    for e in cutlass.range_constexpr(cute.size(frag)):
-        frag[e] = src[e]
+    vectors = cute.make_tensor(src.iterator, cute.flatten(src.layout))
+    for k in cutlass.range_constexpr(cute.size(frag) // PARK_VECTOR):
+        vector = vectors[None, k].load()
+        for e in cutlass.range_constexpr(PARK_VECTOR):
+            frag[k * PARK_VECTOR + e] = vector[e]
 
 
 @cute.jit
