@@ -28,7 +28,7 @@ from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, strides
 from kernel_src.families import expect_constants
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, async_tile_copy, block_cumsum,
                                   count_changes, load_state, load_tile, mask_bit, previous_change, smem_layout,
-                                  source_tokens, store_state, transposed, vec, view)
+                                  pairs, source_tokens, store_state, transposed, vec, view)
 from kernel_src.ssm_math import delta_from_dt, silu
 
 P_TILE = 64
@@ -57,7 +57,7 @@ class SsdBackwardStates:
         return [
             ptr("dout", io, align=rows), ptr("z", io, align=rows), ptr("dt", io), ptr("A", "fp32"),
             ptr("C", io, align=rows), ptr("dt_bias", "fp32"),
-            ptr("dfinal_states", "fp32"), ptr("dinitial_states", "fp32"), ptr("dstates", "fp32"),
+            ptr("dfinal_states", "fp32"), ptr("dinitial_states", "fp32"), ptr("dstates", "fp32", align=8),
             ptr("seq_idx", "int32"), ptr("cu_seqlens", "int32"),
             i32("batch"), i32("seqlen"), i32("nheads"), i32("heads_per_group"), i32("num_seqs"), i32("nblocks"),
             *strides("dout", "batch", "seqlen", "head"), *strides("z", "batch", "seqlen", "head"),
@@ -101,8 +101,8 @@ class SsdBackwardStates:
                       a.stride_dfinal_states_head, N, 1)
         dinitial = view(a.dinitial_states, (a.num_seqs, H, P, N), a.stride_dinitial_states_seq,
                         a.stride_dinitial_states_head, N, 1)
-        dstates = view(a.dstates, (a.batch, a.nblocks, H, P, N), a.stride_dstates_batch, a.stride_dstates_block,
-                       a.stride_dstates_head, N, 1)
+        dstates = view(a.dstates, (a.batch, a.nblocks, H, P, N), pairs(a.stride_dstates_batch),
+                       pairs(a.stride_dstates_block), pairs(a.stride_dstates_head), N, 1)
 
         row, start, end = source_tokens(a, source, L)
         seq = source
@@ -168,7 +168,7 @@ class SsdBackwardStates:
                             valid = Int32(1)
                     load_state(acc, mma, dfinal[cute.math.min(seq, a.num_seqs - 1), h, None, None], p0, valid)
                 if s1 == block_last:
-                    store_state(dstates[row, blk, h, None, None], mma, acc, p0, Float32)
+                    store_state(dstates[row, blk, h, None, None], mma, acc, p0, Float32, paired=True)
 
                 self._run(a, mma, acc, sDout, sZ, sGe, sC, sCs, s0, s1, tid, io_type)
 

@@ -46,7 +46,7 @@ from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, stri
 from kernel_src.families import expect_constants
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, WarpgroupMmaParts, async_tile_copy,
                                   block_cumsum, fence_operands, load_tile, mask_bit, mn_view, next_change, scale_row,
-                                  smem_layout, source_tokens, store_pairs, store_state, transposed, vec, view)
+                                  pairs, smem_layout, source_tokens, store_pairs, store_state, transposed, vec, view)
 from kernel_src.ssm_math import delta_from_dt, silu_approx
 
 P_TILE = 64      # head-dim rows per CTA
@@ -119,7 +119,7 @@ class SsdForward:
             ptr("out", io, align=rows),
             ptr("initial_states", st), ptr("initial_state_indices", "int32"),
             ptr("final_states", st), ptr("final_state_indices", "int32"),
-            ptr("chunk_states", "fp32"), ptr("seq_idx", "int32"), ptr("cu_seqlens", "int32"),
+            ptr("chunk_states", "fp32", align=8), ptr("seq_idx", "int32"), ptr("cu_seqlens", "int32"),
             i32("batch"), i32("seqlen"), i32("nheads"), i32("heads_per_group"), i32("num_seqs"),
             i32("num_initial_slots"), i32("num_final_slots"), i32("chunk_size"), i32("nchunks"),
             i32("segments"), i32("segment_len"), i32("states_only"),
@@ -174,8 +174,8 @@ class SsdForward:
             final=view(a.final_states, (a.num_final_slots, H, P, N), a.stride_final_states_slot,
                        a.stride_final_states_head, N, 1),
             final_indices=view(a.final_state_indices, (a.num_seqs,), a.stride_final_state_indices_seq),
-            chunks=view(a.chunk_states, (a.batch, a.nchunks, H, P, N), a.stride_chunk_states_batch,
-                        a.stride_chunk_states_chunk, a.stride_chunk_states_head, N, 1),
+            chunks=view(a.chunk_states, (a.batch, a.nchunks, H, P, N), pairs(a.stride_chunk_states_batch),
+                        pairs(a.stride_chunk_states_chunk), pairs(a.stride_chunk_states_head), N, 1),
         )
 
         # This CTA's tokens: [start, end) of one row (or of one segment of it), and the number of its first sequence.
@@ -549,7 +549,7 @@ class SsdForward:
         """h as the chunk state of token ``last``'s chunk, when ``last`` ends it (the chunk's or the row's last)."""
         chunk = last // a.chunk_size
         if last == cute.math.min(chunk * a.chunk_size + a.chunk_size - 1, L - 1):
-            store_state(states.chunks[row, chunk, h, None, None], mma, acc_h, p0, Float32)
+            store_state(states.chunks[row, chunk, h, None, None], mma, acc_h, p0, Float32, paired=True)
 
     @cute.jit
     def _mask_scores(self, mma, acc_s, sS, sDelta, sCs, s0, s1, io_type):

@@ -38,11 +38,16 @@ def load_tile(g2s, thr, src, ident, dst, tile, coord, L):
 
 
 @cute.jit
-def store_state(dst, mma, acc, p0, state_type: cutlass.Constexpr):
-    """An accumulator over (64 rows of P from p0, N) into a (P, N) state block, in ``state_type``."""
-    coords = mma.thr.partition_C(cute.make_identity_tensor((64, cute.size(dst, mode=[1]))))
-    for e in cutlass.range_constexpr(cute.size(acc)):
-        dst[p0 + coords[e][0], coords[e][1]] = acc[e].to(state_type)
+def store_state(dst, mma, acc, p0, state_type: cutlass.Constexpr, paired: cutlass.Constexpr = False):
+    """An accumulator over (64 rows of P from p0, N) into a (P, N) state block, in ``state_type``; with ``paired``
+    each thread's column pairs as one store (8 bytes for fp32: ``dst`` must be known to be aligned for it)."""
+    if cutlass.const_expr(paired):
+        rows = cute.local_tile(dst, (64, cute.size(dst, mode=[1])), (p0 // 64, 0))
+        store_pairs(mn_view(acc), mn_view(mma.thr.partition_C(rows)), state_type)
+    else:
+        coords = mma.thr.partition_C(cute.make_identity_tensor((64, cute.size(dst, mode=[1]))))
+        for e in cutlass.range_constexpr(cute.size(acc)):
+            dst[p0 + coords[e][0], coords[e][1]] = acc[e].to(state_type)
 
 
 @cute.jit
@@ -64,6 +69,11 @@ def view(pointer, shape, *strides):
 def vec(stride):
     """A stride the runtime checked to be a multiple of VECTOR elements (rows moved 16 bytes at a time)."""
     return cute.assume(stride, divby=VECTOR)
+
+
+def pairs(stride):
+    """A stride the runtime checked to be even (fp32 states written an accumulator pair, 8 bytes, at a time)."""
+    return cute.assume(stride, divby=2)
 
 
 class MmaParts:
@@ -186,8 +196,8 @@ def scale_row(src, dst, s, part, per_row: cutlass.Constexpr, factor: Float32, io
 
 @cute.jit
 def store_pairs(frag, smem, dtype: cutlass.Constexpr):
-    """A fragment (rows, columns view) into its shared tile in ``dtype``: each thread's two adjacent columns
-    (an MMA accumulator pair) as one store."""
+    """A fragment (rows, columns view) into its partition of a tile (shared, or global) in ``dtype``: each
+    thread's two adjacent columns (an MMA accumulator pair) as one store."""
     pair = cute.make_rmem_tensor((2,), dtype)
     for r in cutlass.range_constexpr(cute.size(frag, mode=[0])):
         for n in cutlass.range_constexpr(cute.size(frag, mode=[1]) // 2):

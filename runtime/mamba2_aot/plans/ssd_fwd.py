@@ -27,7 +27,8 @@ final_states           as initial_states               state dtype   written: ea
 final_state_indices    (num_seqs,) or None             int32         last token (slot < 0 or out of range:
                                                                      not written)
 chunk_states           (batch, nchunks, H, P, N)       fp32          written: the state after position
-                                                                     min(c·Q + Q - 1, L - 1) of each row
+                                                                     min(c·Q + Q - 1, L - 1) of each row;
+                                                                     8-byte aligned, even strides
 seq_idx                (batch, L) or None              int32         packed sequences: a new sequence where the
                                                                      value changes along L (non-decreasing)
 cu_seqlens             (num_seqs + 1,) or None         int32         packed sequences along L, batch == 1
@@ -237,6 +238,7 @@ class SsdForwardPlan(CompositePlan):
             expect_shape(chunk_states, (batch, params["nchunks"], nheads, headdim, d_state),
                          "(batch, ceil(seqlen / chunk_size), nheads, headdim, d_state)")
             expect_state_blocks(chunk_states, d_state, "(row, chunk, head)")
+            expect_state_pairs(chunk_states)
             record_strides(params, chunk_states, ("batch", "chunk", "head"))
             outputs.append(chunk_states)
 
@@ -314,6 +316,16 @@ def expect_workspace(workspace: DeviceArray, family: str, needed: int = 0) -> No
                          f"strides {workspace.strides}")
     if workspace.ptr % 16:
         raise AlignmentError("workspace", f"workspace: data pointer {workspace.ptr:#x} must be 16-byte aligned")
+
+
+def expect_state_pairs(arr) -> None:
+    """chunk_states are written an accumulator pair (two fp32, 8 bytes) at a time: an 8-byte aligned base and
+    even strides except the last."""
+    if arr.ptr % 8:
+        raise AlignmentError(arr.name, f"{arr.name}: data pointer {arr.ptr:#x} must be 8-byte aligned")
+    if any(s % 2 for s, n in zip(arr.strides[:-1], arr.shape) if n > 1):
+        raise StrideError(arr.name, f"{arr.name}: strides {arr.strides} must be even except the last (fp32 "
+                          "pairs are written 8 bytes at a time)")
 
 
 def expect_vector_operand(arr) -> None:
