@@ -185,8 +185,10 @@ class SsdBackwardChunk:
         _park(acc, sm.dB[tid, None])
         _park(acc, sm.dC[tid, None])
         first_head = g * a.heads_per_group + split * heads_per_split
+        head_dt = self._load_head_dt(a, t, sm, row, first_head, block_start, cute.arch.lane_idx())
         for k in range(heads_per_split):
-            self._head(a, t, sm, mma, g2s, row, first_head + k, blk, block_start, rows, tid, io_type)
+            head_dt = self._head(a, t, sm, mma, g2s, row, first_head + k, k + 1 < heads_per_split, head_dt, blk,
+                                 block_start, rows, tid, io_type)
 
         # dB and dC, or with the group's heads split over CTAs this split's fp32 share (ssd_bwd_reduce adds them)
         coords = mma.thr.partition_C(cute.make_identity_tensor((TILE, N)))
@@ -344,8 +346,10 @@ class SsdBackwardChunk:
         return key, inside, number
 
     @cute.jit
-    def _head(self, a, t, sm, mma, g2s, row, h, blk, block_start, rows, tid,
+    def _head(self, a, t, sm, mma, g2s, row, h, has_next, head_dt, blk, block_start, rows, tid,
               io_type: cutlass.Constexpr):
+        """Head h's gradients of the block, from warp 0's ``head_dt`` (:meth:`_load_head_dt`); returns the next
+        head's, which warp 0 loads while the others finish this head."""
         P = self.headdim
         L = a.seqlen
         warp_id = cute.arch.warp_idx()
@@ -362,9 +366,8 @@ class SsdBackwardChunk:
             load_tile(g2s, thr, t.z[row, None, h, None], ident_x, sZ, (TILE, P), (blk, 0), L)
             load_tile(g2s, thr, t.y[row, None, h, None], ident_x, sY, (TILE, P), (blk, 0), L)
         cute.arch.cp_async_commit_group()
-        A = view(a.A, (a.nheads,), a.stride_A_head)[h]
         if warp_id == 0:
-            self._scan_head(a, t, sm, row, h, block_start, A, lane)
+            self._scan_head(a, sm, head_dt, lane)
         # the first run's states are loaded while the tiles are in flight (later runs load theirs in turn)
         starts_lo = sm.masks[0]
         starts_hi = sm.masks[1]
@@ -408,23 +411,37 @@ class SsdBackwardChunk:
             self._run(a, t, sm, mma, acc_dx, row, h, blk, s0, s1, rows, tid, io_type)
             s0 = next_change(starts_lo, starts_hi, s1 - 1)
 
-        self._finish(a, t, sm, mma, acc_dx, row, h, blk, block_start, rows, A, tid, io_type)
+        return self._finish(a, t, sm, mma, acc_dx, row, h, has_next, head_dt, blk, block_start, rows, tid, io_type)
 
     @cute.jit
-    def _scan_head(self, a, t, sm, row, h, block_start, A, lane):
-        """Warp 0: Δ (zero outside every sequence), its cumsum of Δ·A·log2(e) and dt + dt_bias of the block's rows."""
+    def _load_head_dt(self, a, t, sm, row, h, block_start, lane):
+        """Warp 0: head h's raw dt of the block's rows lane and lane + 32 inside a sequence (zero elsewhere), its
+        dt_bias and A. dt stays in the I/O dtype until _scan_head converts it: a conversion here would wait for the
+        load."""
+        raw0 = t.dt.element_type(0.0)
+        raw1 = t.dt.element_type(0.0)
         bias = Float32(0.0)
         if a.has_dt_bias != 0:
             bias = view(a.dt_bias, (a.nheads,), a.stride_dt_bias_head)[h]
+        if sm.seq[lane] >= 0:
+            raw0 = t.dt[row, block_start + lane, h]
+        if sm.seq[lane + 32] >= 0:
+            raw1 = t.dt[row, block_start + lane + 32, h]
+        return raw0, raw1, bias, view(a.A, (a.nheads,), a.stride_A_head)[h]
+
+    @cute.jit
+    def _scan_head(self, a, sm, head_dt, lane):
+        """Warp 0: Δ (zero outside every sequence), its cumsum of Δ·A·log2(e) and dt + dt_bias of the block's rows."""
+        raw0, raw1, bias, A = head_dt
         d0 = Float32(0.0)
         d1 = Float32(0.0)
         v0 = Float32(0.0)
         v1 = Float32(0.0)
         if sm.seq[lane] >= 0:
-            v0 = t.dt[row, block_start + lane, h].to(Float32) + bias
+            v0 = raw0.to(Float32) + bias
             d0 = delta_from_dt(v0, Float32(0.0), a.dt_softplus, a.dt_min, a.dt_max)
         if sm.seq[lane + 32] >= 0:
-            v1 = t.dt[row, block_start + lane + 32, h].to(Float32) + bias
+            v1 = raw1.to(Float32) + bias
             d1 = delta_from_dt(v1, Float32(0.0), a.dt_softplus, a.dt_min, a.dt_max)
         c0, c1 = block_cumsum(d0, d1, A * Float32(LOG2_E), lane)
         sm.delta[lane] = d0
@@ -655,9 +672,9 @@ class SsdBackwardChunk:
         _accumulate(mma, sm.dC[tid, None], sGe, transposed(sm.h0, P, N), P // 16, b_transposed=True)
 
     @cute.jit
-    def _finish(self, a, t, sm, mma, acc_dx, row, h, blk, block_start, rows, A, tid,
+    def _finish(self, a, t, sm, mma, acc_dx, row, h, has_next, head_dt, blk, block_start, rows, tid,
                 io_type: cutlass.Constexpr):
-        """The head's products with S and V, dx, ddt and the partial sums."""
+        """The head's products with S and V, dx, ddt and the partial sums; returns the next head's dt (warp 0)."""
         P, N = self.headdim, self.d_state
         warp_id = cute.arch.warp_idx()
         lane = cute.arch.lane_idx()
@@ -694,14 +711,21 @@ class SsdBackwardChunk:
 
         # every warp done with the head's tiles: the others load the next head's while warp 0 finishes this one
         cute.arch.sync_threads()
+        raw0 = t.dt.element_type(0.0)
+        raw1 = t.dt.element_type(0.0)
+        bias = Float32(0.0)
+        A_next = Float32(0.0)
         if warp_id == 0:
-            self._rows(a, t, sm, parts, row, h, blk, block_start, rows, A, lane, io_type)
+            if has_next:
+                raw0, raw1, bias, A_next = self._load_head_dt(a, t, sm, row, h + 1, block_start, lane)
+            self._rows(a, t, sm, parts, row, h, blk, block_start, rows, head_dt[3], lane, io_type)
         if tid >= THREADS - P:  # dD's column sums: the slices in order
             p = tid - (THREADS - P)
             total = Float32(0.0)
             for k in cutlass.range_constexpr(THREADS // P):
                 total = total + sm.dD_slices[k * P + p]
             partials[row, blk, h, p] = total
+        return raw0, raw1, bias, A_next
 
     @cute.jit
     def _dD_slices(self, sm, tid):
