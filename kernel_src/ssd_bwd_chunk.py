@@ -177,7 +177,7 @@ class SsdBackwardChunk:
         cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()
 
-        # C·Bᵀ is the same for every head of the group: kept in shared memory, each thread's fragment in its column
+        # C·Bᵀ is the same for every head of the group: kept in shared memory, each thread's fragment in its share
         _accumulate(mma, sm.fragments[0, tid, None], sm.C, sm.B, N // 16, fresh=True)
         # dB and dC of the group: fp32 accumulators parked in shared memory between their products
         acc = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, N)), Float32)
@@ -349,7 +349,7 @@ class SsdBackwardChunk:
     def _head(self, a, t, sm, mma, g2s, row, h, has_next, head_dt, blk, block_start, rows, tid,
               io_type: cutlass.Constexpr):
         """Head h's gradients of the block, from warp 0's ``head_dt`` (:meth:`_load_head_dt`); returns the next
-        head's, which warp 0 loads while the others finish this head."""
+        head's, which warp 0 loads before its row pass while the other warps start the next head."""
         P = self.headdim
         L = a.seqlen
         warp_id = cute.arch.warp_idx()
@@ -415,9 +415,9 @@ class SsdBackwardChunk:
 
     @cute.jit
     def _load_head_dt(self, a, t, sm, row, h, block_start, lane):
-        """Warp 0: head h's raw dt of the block's rows lane and lane + 32 inside a sequence (zero elsewhere), its
-        dt_bias and A. dt stays in the I/O dtype until _scan_head converts it: a conversion here would wait for the
-        load."""
+        """Head h's raw dt of the block's rows lane and lane + 32 inside a sequence (zero elsewhere), its dt_bias and
+        A, for warp 0 (every warp loads the first head's; warp 0 alone the later ones). dt stays in the I/O dtype
+        until _scan_head converts it: a conversion here would wait for the load."""
         raw0 = t.dt.element_type(0.0)
         raw1 = t.dt.element_type(0.0)
         bias = Float32(0.0)

@@ -39,8 +39,9 @@ def load_tile(g2s, thr, src, ident, dst, tile, coord, L):
 
 @cute.jit
 def store_state(dst, mma, acc, p0, state_type: cutlass.Constexpr, paired: cutlass.Constexpr = False):
-    """An accumulator over (64 rows of P from p0, N) into a (P, N) state block, in ``state_type``; with ``paired``
-    each thread's column pairs as one store (8 bytes for fp32: ``dst`` must be known to be aligned for it)."""
+    """An accumulator over (64 rows of P from p0, a multiple of 64, N) into a (P, N) state block, in
+    ``state_type``; with ``paired`` each thread's column pairs as one store (8 bytes for fp32: ``dst`` must be
+    known to be aligned for it)."""
     if cutlass.const_expr(paired):
         rows = cute.local_tile(dst, (64, cute.size(dst, mode=[1])), (p0 // 64, 0))
         store_pairs(mn_view(acc), mn_view(mma.thr.partition_C(rows)), state_type)
