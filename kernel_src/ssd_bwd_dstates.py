@@ -134,6 +134,9 @@ class SsdBackwardStates:
             blk_count = Int32(0)
         acc = cute.make_rmem_tensor(mma.thr.partition_shape_C((P_TILE, N)), Float32)
         acc.fill(0.0)
+        # warp 0 loads each block's dt and seq_idx a block ahead of its scan (the walk goes backwards)
+        dt0, dt1, here0, before0, here1, before1 = self._load_raw(
+            a, dt, seq_idx, row, h, (blk_first + blk_count - 1) * TILE, start, end, lane)
 
         for i in range(blk_count):
             blk = blk_first + blk_count - 1 - i
@@ -145,7 +148,11 @@ class SsdBackwardStates:
             load_tile(g2s, thr, Cm[row, None, g, None], ident_C, sC, (TILE, N), (blk, 0), L)
             cute.arch.cp_async_commit_group()
             if warp_id == 0:
-                self._scan_block(a, dt, seq_idx, row, h, block_start, start, end, bias, A_log2, sCs, sChanges, lane)
+                self._scan_block(a, (dt0, dt1, here0, before0, here1, before1), block_start, start, end, bias,
+                                 A_log2, sCs, sChanges, lane)
+                if i + 1 < blk_count:
+                    dt0, dt1, here0, before0, here1, before1 = self._load_raw(
+                        a, dt, seq_idx, row, h, block_start - TILE, start, end, lane)
             cute.arch.cp_async_wait_group(0)
             cute.arch.sync_threads()
 
@@ -220,26 +227,50 @@ class SsdBackwardStates:
         return SharedStorage
 
     @cute.jit
-    def _scan_block(self, a, dt, seq_idx, row, h, block_start, start, end, bias, A_log2, sCs, sChanges, lane):
+    def _load_raw(self, a, dt, seq_idx, row, h, block_start, start, end, lane):
+        """Warp 0: the raw dt of a block's rows lane and lane + 32 inside [start, end) (zero elsewhere), and the
+        seq_idx there and one row before (equal where no change can be). They stay as loaded until _scan_block:
+        converting or comparing them here would wait for the loads."""
+        tok0 = block_start + lane
+        tok1 = tok0 + 32
+        dt0 = dt.element_type(0.0)
+        dt1 = dt.element_type(0.0)
+        here0 = Int32(0)
+        before0 = Int32(0)
+        here1 = Int32(0)
+        before1 = Int32(0)
+        if (tok0 >= start) & (tok0 < end):
+            dt0 = dt[row, tok0, h]
+            if a.has_seq_idx != 0:
+                if tok0 > start:
+                    here0 = seq_idx[row, tok0]
+                    before0 = seq_idx[row, tok0 - 1]
+        if (tok1 >= start) & (tok1 < end):
+            dt1 = dt[row, tok1, h]
+            if a.has_seq_idx != 0:
+                here1 = seq_idx[row, tok1]
+                before1 = seq_idx[row, tok1 - 1]
+        return dt0, dt1, here0, before0, here1, before1
+
+    @cute.jit
+    def _scan_block(self, a, raw, block_start, start, end, bias, A_log2, sCs, sChanges, lane):
         """Warp 0: the block's cumsum of Δ·A·log2(e) (Δ = 0 outside [start, end)) and the mask of rows where
-        seq_idx differs from the row before (a sequence start inside [start, end))."""
+        seq_idx differs from the row before (a sequence start inside [start, end)), from :meth:`_load_raw`."""
+        dt0, dt1, here0, before0, here1, before1 = raw
         tok0 = block_start + lane
         tok1 = tok0 + 32
         d0 = Float32(0.0)
         d1 = Float32(0.0)
+        if (tok0 >= start) & (tok0 < end):
+            d0 = delta_from_dt(dt0.to(Float32), bias, a.dt_softplus, a.dt_min, a.dt_max)
+        if (tok1 >= start) & (tok1 < end):
+            d1 = delta_from_dt(dt1.to(Float32), bias, a.dt_softplus, a.dt_min, a.dt_max)
         change0 = Int32(0)
         change1 = Int32(0)
-        if (tok0 >= start) & (tok0 < end):
-            d0 = delta_from_dt(dt[row, tok0, h].to(Float32), bias, a.dt_softplus, a.dt_min, a.dt_max)
-            if a.has_seq_idx != 0:
-                if tok0 > start:
-                    if seq_idx[row, tok0] != seq_idx[row, tok0 - 1]:
-                        change0 = Int32(1)
-        if (tok1 >= start) & (tok1 < end):
-            d1 = delta_from_dt(dt[row, tok1, h].to(Float32), bias, a.dt_softplus, a.dt_min, a.dt_max)
-            if a.has_seq_idx != 0:
-                if seq_idx[row, tok1] != seq_idx[row, tok1 - 1]:
-                    change1 = Int32(1)
+        if here0 != before0:
+            change0 = Int32(1)
+        if here1 != before1:
+            change1 = Int32(1)
         c0, c1 = block_cumsum(d0, d1, A_log2, lane)
         sCs[lane] = c0
         sCs[lane + 32] = c1
