@@ -29,6 +29,7 @@ accumulation (operands rounded as the forward rounds them); everything per row a
 """
 
 # (no "from __future__ import annotations": cute.struct reads its field annotations as live objects)
+import copy
 import math
 
 import cutlass
@@ -224,9 +225,11 @@ class SsdBackwardChunk:
             straddle: cute.struct.Align[cute.struct.MemRange[Float32, QUARTERS * TILE], SMEM_ALIGN]
             dD_slices: cute.struct.Align[cute.struct.MemRange[Float32, THREADS], SMEM_ALIGN]
             D: cute.struct.Align[cute.struct.MemRange[Float32, P], SMEM_ALIGN]
-            delta: cute.struct.Align[cute.struct.MemRange[Float32, TILE], SMEM_ALIGN]
-            cs: cute.struct.Align[cute.struct.MemRange[Float32, TILE], SMEM_ALIGN]
-            dt_in: cute.struct.Align[cute.struct.MemRange[Float32, TILE], SMEM_ALIGN]   # dt + dt_bias
+            # Δ, its cumsum and dt + dt_bias per row, one set per head parity: warp 0 scans the next head while
+            # warp 1 still reads this head's in its row pass
+            delta: cute.struct.Align[cute.struct.MemRange[Float32, 2 * TILE], SMEM_ALIGN]
+            cs: cute.struct.Align[cute.struct.MemRange[Float32, 2 * TILE], SMEM_ALIGN]
+            dt_in: cute.struct.Align[cute.struct.MemRange[Float32, 2 * TILE], SMEM_ALIGN]
             last: cute.struct.Align[cute.struct.MemRange[Float32, TILE], SMEM_ALIGN]
             suffix: cute.struct.Align[cute.struct.MemRange[Float32, TILE + 1], SMEM_ALIGN]
             suffix_q: cute.struct.Align[cute.struct.MemRange[Float32, TILE + 1], SMEM_ALIGN]
@@ -349,7 +352,8 @@ class SsdBackwardChunk:
     def _head(self, a, t, sm, mma, g2s, row, h, has_next, head_dt, blk, block_start, rows, tid,
               io_type: cutlass.Constexpr):
         """Head h's gradients of the block, from warp 0's ``head_dt`` (:meth:`_load_head_dt`); returns the next
-        head's, which warp 0 loads before its row pass while the other warps start the next head."""
+        head's, which warp 0 loads during this head's last steps."""
+        sm = sm.for_head(h % 2)
         P = self.headdim
         L = a.seqlen
         warp_id = cute.arch.warp_idx()
@@ -388,7 +392,7 @@ class SsdBackwardChunk:
         _zero(sm.V, tid)
         cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()
-        # (zeroed only now: warp 0 reads the last head's sums in _rows until it reaches the barrier above)
+        # (zeroed only now: warp 1 reads the last head's sums in _rows until it reaches the barrier above)
         if tid < TILE:
             s_last[tid] = Float32(0.0)
         for k in cutlass.range_constexpr(PARTS * WARPS * TILE // THREADS):
@@ -683,6 +687,13 @@ class SsdBackwardChunk:
         G_rows = mn_view(mma.thr.partition_C(sm.G))
         parts = cute.make_tensor(sm.parts.iterator, cute.make_layout((PARTS, WARPS, TILE), stride=(WARPS * TILE, TILE, 1)))
         cute.arch.sync_threads()  # S, V and every warp's row and column sums are in shared memory
+        raw0 = t.dt.element_type(0.0)
+        raw1 = t.dt.element_type(0.0)
+        bias = Float32(0.0)
+        A_next = Float32(0.0)
+        if warp_id == 0:
+            if has_next:
+                raw0, raw1, bias, A_next = self._load_head_dt(a, t, sm, row, h + 1, block_start, lane)
         self._straddling_sums(sm, mma, tid)
 
         # dx = Sᵀ·G + Δ ⊙ U + D ⊙ G (rows inside a sequence, below L)
@@ -709,16 +720,10 @@ class SsdBackwardChunk:
                     a_transposed=True, b_transposed=True)
         _accumulate(mma, sm.dC[tid, None], sm.V, transposed(sm.B, TILE, N), TILE // 16, b_transposed=True)
 
-        # every warp done with the head's tiles: the others load the next head's while warp 0 finishes this one
+        # every warp done with the head's tiles: the others start the next head while warp 1 finishes this one
         cute.arch.sync_threads()
-        raw0 = t.dt.element_type(0.0)
-        raw1 = t.dt.element_type(0.0)
-        bias = Float32(0.0)
-        A_next = Float32(0.0)
-        if warp_id == 0:
-            if has_next:
-                raw0, raw1, bias, A_next = self._load_head_dt(a, t, sm, row, h + 1, block_start, lane)
-            self._rows(a, t, sm, parts, row, h, blk, block_start, rows, head_dt[3], lane, io_type)
+        if warp_id == 1:
+            self._rows(a, t, sm, parts, row, h, blk, block_start, rows, lane, io_type)
         if tid >= THREADS - P:  # dD's column sums: the slices in order
             p = tid - (THREADS - P)
             total = Float32(0.0)
@@ -778,7 +783,7 @@ class SsdBackwardChunk:
             w_tile[at_even] = before
             w_tile[at_odd] = before + even
         cute.arch.sync_threads()
-        # column k: the prefixes of rows i >= k, a quarter of the rows per thread (warp 0 adds the quarters)
+        # column k: the prefixes of rows i >= k, a quarter of the rows per thread (_rows adds the quarters)
         k = tid % TILE
         quarter = tid // TILE
         total = Float32(0.0)
@@ -786,13 +791,14 @@ class SsdBackwardChunk:
             i = quarter * (TILE // QUARTERS) + m
             total = total + Float32(cutlass.select_(i >= k, w_tile[i * TILE + ((i + k) % TILE)], Float32(0.0)))
         sm.straddle[k, quarter] = total
-        cute.arch.sync_threads()  # the quarters are read by warp 0
+        cute.arch.sync_threads()  # the quarters are read in _rows
 
     @cute.jit
-    def _rows(self, a, t, sm, parts, row, h, blk, block_start, rows, A, lane, io_type: cutlass.Constexpr):
-        """Warp 0: dΛ per row, its suffix sums within each run (da), dΔ, ddt, and the dA / ddt_bias partials."""
+    def _rows(self, a, t, sm, parts, row, h, blk, block_start, rows, lane, io_type: cutlass.Constexpr):
+        """Warp 1: dΛ per row, its suffix sums within each run (da), dΔ, ddt, and the dA / ddt_bias partials."""
         P = self.headdim
         zero = Float32(0.0)
+        A = view(a.A, (a.nheads,), a.stride_A_head)[h]
         # da_k = Σ_{i >= k in the run} dΛ_i, taken term by term: the pairs of W straddling k (``straddle``); the
         # suffix sums of G·y0 and of the entering state's term at the run's last row; and for the leaving state,
         # -q_i + [i = run end - 1] Σ_run q_j (q_j = Δ_j x_j·U_j), whose suffix is the prefix Σ_{j < k in the run} q_j
@@ -870,9 +876,8 @@ class Shared:
         self.straddle = storage.straddle.get_tensor(cute.make_layout((TILE, QUARTERS), stride=(1, TILE)))
         self.dD_slices = storage.dD_slices.get_tensor(cute.make_layout((THREADS,)))
         self.D = storage.D.get_tensor(cute.make_layout((P,)))
-        self.delta = storage.delta.get_tensor(cute.make_layout((TILE,)))
-        self.cs = storage.cs.get_tensor(cute.make_layout((TILE,)))
-        self.dt_in = storage.dt_in.get_tensor(cute.make_layout((TILE,)))
+        self._per_head = {name: getattr(storage, name).get_tensor(cute.make_layout((2 * TILE,)))
+                          for name in ("delta", "cs", "dt_in")}
         self.last = storage.last.get_tensor(cute.make_layout((TILE,)))
         self.suffix = storage.suffix.get_tensor(cute.make_layout((TILE + 1,)))
         self.suffix_q = storage.suffix_q.get_tensor(cute.make_layout((TILE + 1,)))
@@ -886,6 +891,13 @@ class Shared:
             cute.make_layout((2, THREADS, _per_thread(TILE)), stride=(TILE * TILE, PARK_VECTOR, _per_thread_stride())))
         self.dB = storage.dB.get_tensor(_parking(N))
         self.dC = storage.dC.get_tensor(_parking(N))
+
+    def for_head(self, parity):
+        """The same arrays, with delta, cs and dt_in those of a head of this parity (0 or 1)."""
+        view = copy.copy(self)
+        for name, both in self._per_head.items():
+            setattr(view, name, cute.make_tensor(both.iterator + parity * TILE, cute.make_layout((TILE,))))
+        return view
 
 
 def _per_thread(columns):
@@ -958,7 +970,7 @@ def _accumulate(mma, parked, sA, sB, k_blocks: cutlass.Constexpr, a_transposed: 
 
 @cute.jit
 def _block_suffix_sums(values, dst, lane):
-    """Warp 0: dst[k] = Σ_{i >= k} of a block's 64 row values (rows lane and lane + 32 in ``values``), dst[64] = 0."""
+    """A warp: dst[k] = Σ_{i >= k} of a block's 64 row values (rows lane and lane + 32 in ``values``), dst[64] = 0."""
     upper = warp_inclusive_scan(cute.arch.shuffle_sync(values[1], 31 - lane), lane)
     lower = warp_inclusive_scan(cute.arch.shuffle_sync(values[0], 31 - lane), lane) + cute.arch.shuffle_sync(upper, 31)
     dst[63 - lane] = upper
