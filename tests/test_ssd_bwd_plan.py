@@ -71,6 +71,15 @@ def test_valid_call_binds_four_launches():
     assert ws is not None
 
 
+def test_without_z_the_recompute_is_one_states_only_pass():
+    (family, forward), *_ = steps(**bwd_args(z=None, dz=None))
+    assert family == "ssd_fwd" and forward.params["states_only"] == 1 and forward.params["has_chunk_states"] == 1
+    assert forward.params["segments"] == 1 and forward.params["seqlen"] == L
+    assert forward.params["has_final_states"] == 0 and [a.name for a in forward.outputs] == ["chunk_states"]
+    (_, with_z), *_ = steps(**bwd_args())  # y is read for dz: the forward with its outputs
+    assert with_z.params["states_only"] == 0 and "out" in [a.name for a in with_z.outputs]
+
+
 def test_head_splits_only_when_too_few_ctas():
     from mamba2_aot.plans.ssd_bwd import TARGET_CTAS, head_splits
     assert head_splits(8, 64, 1, 80) == 1                      # Mamba-2 2.7B, 4096 tokens: 512 CTAs already

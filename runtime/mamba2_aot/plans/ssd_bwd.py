@@ -38,7 +38,8 @@ Steps (launches on one stream, in order; everything validated before the first):
 
 1. ``ssd_fwd`` recomputes the forward with ``chunk_size`` 64: the state after every 64-token block
    (``workspace.states``) and y before the z gate (``workspace.y``); split along L as a forward call would be
-   (plans/ssd_fwd.py: two launches, the entering states among ``workspace.states``);
+   (plans/ssd_fwd.py: two launches, the entering states among ``workspace.states``). y is read only for dz: without
+   z (and without packed sequences) the recompute is one states-only pass (the states alone, no y);
 2. ``ssd_bwd_dstates`` walks each sequence backwards: the state gradient after every block (``workspace.dstates``)
    and ``dinitial_states``;
 3. ``ssd_bwd_chunk``, one CTA per (64-token block, group, row, head split): dx, ddt, dz, dB, dC and per-block
@@ -63,7 +64,8 @@ from ..tensors import DeviceArray, ITEMSIZE, as_device_array
 from ..validation import (BoundCall, check_call, expect_dtype, expect_given, expect_rank, expect_shape,
                           expect_complete, expect_state_blocks, null_absent, record_strides, stride_names)
 from .base import CompositePlan, LaunchPlan
-from .ssd_fwd import BLOCK, IO_DTYPES, SsdForwardPlan, expect_vector_operand, expect_workspace, split_call
+from .ssd_fwd import (BLOCK, IO_DTYPES, SsdForwardPlan, expect_vector_operand, expect_workspace, split_call,
+                      states_only_call)
 from .ssm_inputs import SSM_STRIDES, expect_groups
 
 ALIGN = 256        # bytes: alignment of each workspace region
@@ -376,5 +378,11 @@ class SsdBackwardPlan(CompositePlan):
         written = (dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states, workspace)
         check_call(BoundCall({}, (1, 1, 1), {}, tuple(a for a in read if a is not None),
                              tuple(a for a in written if a is not None)))
-        return ([("ssd_fwd", step) for step in split_call(forward, None)]
+        # y is read only for dz: without z the recompute is the states-only walk alone (one pass, no outputs),
+        # where it can run one (no packed sequences)
+        if z is None and seq_idx is None and cu_seqlens is None:
+            recompute = [states_only_call(forward)]
+        else:
+            recompute = split_call(forward, None)
+        return ([("ssd_fwd", step) for step in recompute]
                 + [("ssd_bwd_dstates", states_call), ("ssd_bwd_chunk", chunk_call), ("ssd_bwd_reduce", reduce_call)])

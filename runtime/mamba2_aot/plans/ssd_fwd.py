@@ -263,6 +263,16 @@ def _entering_state_bytes(batch: int, nheads: int, headdim: int, d_state: int) -
     return batch * nheads * headdim * d_state * 4
 
 
+def states_only_call(call: BoundCall) -> BoundCall:
+    """``call`` as one states-only launch over its whole length: its chunk_states, and nothing else (no out, no
+    final states). For calls that ask for chunk_states and pack no sequences (the states-only walk does not follow
+    sequence changes): ssd_bwd's recompute when it needs no y."""
+    p = call.params
+    assert p["has_chunk_states"] and not (p["has_seq_idx"] or p["has_cu_seqlens"]), "not a states-only call"
+    params = dict(p, states_only=1, has_final_states=0, has_final_state_indices=0)
+    return call._replace(params=params, outputs=tuple(a for a in call.outputs if a.name == "chunk_states"))
+
+
 def split_call(call: BoundCall, workspace: DeviceArray | None) -> list[BoundCall]:
     """``call`` (bound by :meth:`SsdForwardPlan.bind`) as its launches: itself, or split along L (module
     docstring) into a states-only pass and the segments. The entering states go to the call's chunk_states, or
