@@ -107,8 +107,9 @@ for mode, extra in (("update", {}), ("snapshot", {"snapshot_indices": snapshots}
     runtime.launch("verify", mode=mode, state=pool, out=torch.empty_like(x), conv_state=conv_pool, xBC=xBC,
                    tickets=fused_tickets, **conv, **ssm, **requests, **extra)
 
-# ssd_bwd: a partial last block, every option, then packed sequences starting inside blocks (both forms)
-def backward(L, G_, packing=None, num_seqs=1):
+# ssd_bwd: a partial last block, every option, then without z (the states-only recompute), then packed sequences
+# starting inside blocks (both forms)
+def backward(L, G_, packing=None, num_seqs=1, gated=True):
     f = dict(x=torch.randn(1, L, H, P, device=dev).bfloat16(), dt=torch.randn(1, L, H, device=dev).bfloat16(),
              A=-torch.rand(H, device=dev), B=torch.randn(1, L, G_, N, device=dev).bfloat16(),
              C=torch.randn(1, L, G_, N, device=dev).bfloat16(), D=torch.randn(H, device=dev),
@@ -118,12 +119,15 @@ def backward(L, G_, packing=None, num_seqs=1):
                  dB=torch.empty_like(f["B"]), dC=torch.empty_like(f["C"]), dD=torch.empty(H, device=dev),
                  dz=torch.empty_like(f["z"]), ddt_bias=torch.empty(H, device=dev),
                  dinitial_states=torch.empty(num_seqs, H, P, N, device=dev))
+    if not gated:
+        del f["z"], grads["dz"]
     workspace = torch.empty(runtime.workspace_size("ssd_bwd", x=f["x"], B=f["B"]) // 4, device=dev)
     runtime.launch("ssd_bwd", dout=torch.randn_like(f["x"]), dfinal_states=torch.randn(num_seqs, H, P, N, device=dev),
                    workspace=workspace, **f, **grads)
 
 
 backward(150, G)
+backward(150, G, gated=False)
 cu = torch.tensor([0, 1, 70, 71, 150], dtype=torch.int32, device=dev)
 backward(150, 1, {"cu_seqlens": cu}, num_seqs=4)
 backward(150, 1, {"seq_idx": torch.repeat_interleave(torch.arange(4, dtype=torch.int32, device=dev),
