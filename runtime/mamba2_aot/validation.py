@@ -120,13 +120,13 @@ def record_strides(params: dict, arr: DeviceArray, dims: tuple[str, ...]) -> Non
     params.update(zip(stride_names(arr.name, *dims), arr.strides))
 
 
-def vector_misfit(a: DeviceArray) -> str | None:
-    """Why the rows of ``a`` (its contiguous last dim) cannot move in 16-byte vectors: "pointer" (the base is not
-    16-byte aligned) or "strides" (an outer stride, of a dim longer than 1, is not a whole number of 16 bytes);
-    None when they can. The kernels that copy rows this way check it once here."""
-    if a.ptr % 16:
+def vector_misfit(a: DeviceArray, width: int = 16) -> str | None:
+    """Why the rows of ``a`` (its contiguous last dim) cannot move in ``width``-byte vectors: "pointer" (the base
+    is not ``width``-byte aligned) or "strides" (an outer stride, of a dim longer than 1, is not a whole number of
+    ``width`` bytes); None when they can. The kernels that move rows this way check it once here."""
+    if a.ptr % width:
         return "pointer"
-    if any(s * a.itemsize % 16 for s, n in zip(a.strides[:-1], a.shape) if n > 1):
+    if any(s * a.itemsize % width for s, n in zip(a.strides[:-1], a.shape) if n > 1):
         return "strides"
     return None
 

@@ -269,8 +269,12 @@ def states_only_call(call: BoundCall) -> BoundCall:
     sequence changes): ssd_bwd's recompute when it needs no y."""
     p = call.params
     assert p["has_chunk_states"] and not (p["has_seq_idx"] or p["has_cu_seqlens"]), "not a states-only call"
-    params = dict(p, states_only=1, has_final_states=0, has_final_state_indices=0)
-    return call._replace(params=params, outputs=tuple(a for a in call.outputs if a.name == "chunk_states"))
+    return call._replace(params=_states_only(p), outputs=tuple(a for a in call.outputs if a.name == "chunk_states"))
+
+
+def _states_only(params: dict, **changes) -> dict:
+    """A call's kernel parameters (with ``changes``) for the states-only walk: chunk states out, nothing else."""
+    return dict(params, **changes, states_only=1, has_chunk_states=1, has_final_states=0, has_final_state_indices=0)
 
 
 def split_call(call: BoundCall, workspace: DeviceArray | None) -> list[BoundCall]:
@@ -303,8 +307,7 @@ def split_call(call: BoundCall, workspace: DeviceArray | None) -> list[BoundCall
         also_read = (entering,)
     # the states-only pass: the first segments as one shorter call, its chunk states the entering states
     walked = (segments - 1) * segment_len
-    states_pass = dict(p, **entering_params, seqlen=walked, segment_len=walked, states_only=1, has_chunk_states=1,
-                       has_final_states=0, has_final_state_indices=0)
+    states_pass = _states_only(p, **entering_params, seqlen=walked, segment_len=walked)
     # (every input of the call: the entering states it writes must overlap none of them)
     first = BoundCall(call.constants, call.grid, states_pass, inputs=call.inputs, outputs=(entering,))
     segmented = dict(p, **entering_params, segments=segments, segment_len=segment_len)
@@ -331,9 +334,10 @@ def expect_workspace(workspace: DeviceArray, family: str, needed: int = 0) -> No
 def expect_state_pairs(arr) -> None:
     """chunk_states are written an accumulator pair (two fp32, 8 bytes) at a time: an 8-byte aligned base and
     even strides except the last."""
-    if arr.ptr % 8:
+    misfit = vector_misfit(arr, width=8)
+    if misfit == "pointer":
         raise AlignmentError(arr.name, f"{arr.name}: data pointer {arr.ptr:#x} must be 8-byte aligned")
-    if any(s % 2 for s, n in zip(arr.strides[:-1], arr.shape) if n > 1):
+    if misfit == "strides":
         raise StrideError(arr.name, f"{arr.name}: strides {arr.strides} must be even except the last (fp32 "
                           "pairs are written 8 bytes at a time)")
 
