@@ -24,8 +24,9 @@ fp32 accumulators parked in shared memory: every gradient is written by exactly 
 result is bitwise reproducible. When that gives too few CTAs to fill the GPU, the group's heads are split over
 ``head_splits`` CTAs, each writing its share of dB and dC in fp32 to ``group_grads`` for ``ssd_bwd_reduce`` to
 add in split order. Per-(block, head) partial sums of dD (per P column), dA and ddt_bias go to ``partials`` and
-are summed in a fixed order by ``ssd_bwd_reduce``. The products are bf16 / fp16 warp MMAs with fp32
-accumulation (operands rounded as the forward rounds them); everything per row and the sums are fp32.
+are summed in a fixed order by ``ssd_bwd_reduce``. The products are bf16 / fp16 MMAs with fp32
+accumulation (wgmma on sm_90a, warp MMAs elsewhere; operands rounded as the forward rounds them); everything per
+row and the sums are fp32.
 """
 
 # (no "from __future__ import annotations": cute.struct reads its field annotations as live objects)
@@ -38,9 +39,9 @@ from cutlass import Float32, Int32
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
 from kernel_src.families import expect_constants
-from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, async_tile_copy, block_cumsum,
-                                  count_changes, first_set_bit, load_tile, mn_view, next_change, scale_row,
-                                  smem_layout, transposed, vec, view)
+from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, WarpgroupMmaParts, async_tile_copy,
+                                  block_cumsum, count_changes, fence_operands, first_set_bit, load_tile, mn_view,
+                                  next_change, scale_row, smem_layout, transposed, vec, view)
 from kernel_src.ssm_math import SOFTPLUS_IDENTITY_ABOVE, delta_from_dt, sigmoid, warp_inclusive_scan
 
 LOG2_E = math.log2(math.e)
@@ -55,6 +56,7 @@ PARK_VECTOR = 4     # fp32 values of a parked accumulator moved per shared-memor
 
 class SsdBackwardChunk:
     family = "ssd_bwd_chunk"
+    target_arch = None  # set by the build (compile_variant) before compiling
     grid_rule = "seqlen/64,groups*head_splits,batch"
     headdims = (64, 128)
     d_states = (64, 128)
@@ -166,7 +168,7 @@ class SsdBackwardChunk:
         storage = cutlass.utils.SmemAllocator().allocate(self._shared_storage(io_type))
         sm = Shared(storage, P, N)
 
-        mma = MmaParts(io_type, self.warps, tid)
+        mma = self._mma(io_type, tid)
         g2s = async_tile_copy(io_type, THREADS)
 
         if cute.arch.warp_idx() == 0:
@@ -176,6 +178,7 @@ class SsdBackwardChunk:
         load_tile(g2s, thr, t.C[row, None, g, None], cute.make_identity_tensor((L, N)), sm.C, (TILE, N), (blk, 0), L)
         cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(0)
+        fence_operands(mma)  # (wgmma reads the tiles through the async proxy)
         cute.arch.sync_threads()
 
         # C·Bᵀ is the same for every head of the group: kept in shared memory, each thread's fragment in its share
@@ -206,6 +209,14 @@ class SsdBackwardChunk:
                     i = coords[e][0]
                     if i < rows:
                         shares[which, split, row, block_start + i, g, coords[e][1]] = acc[e]
+
+    def _mma(self, io_type, tid):
+        """sm_90a: wgmma, two warpgroups side by side along N reading both operands from the shared tiles; else the
+        warp MMAs (4 × 2 warps) read with ldmatrix."""
+        assert self.target_arch is not None, "ssd_bwd_chunk's MMAs follow the target: set target_arch first"
+        if self.target_arch == "sm_90a":
+            return WarpgroupMmaParts(io_type, tid, warpgroups=2)
+        return MmaParts(io_type, self.warps, tid)
 
     def _shared_storage(self, io_type):
         P, N = self.headdim, self.d_state
@@ -391,6 +402,7 @@ class SsdBackwardChunk:
         _zero(sm.S, tid)  # entries outside every run stay zero
         _zero(sm.V, tid)
         cute.arch.cp_async_wait_group(0)
+        fence_operands(mma)
         cute.arch.sync_threads()
         # (zeroed only now: warp 1 reads the last head's sums in _rows until it reaches the barrier above)
         if tid < TILE:
@@ -400,6 +412,7 @@ class SsdBackwardChunk:
 
         if a.has_z != 0:
             self._gate(t, sm, sZ, sY, row, h, block_start, rows, tid, io_type)
+            fence_operands(mma)
             cute.arch.sync_threads()
 
         _accumulate(mma, sm.fragments[1, tid, None], sm.G, sm.x, P // 16, fresh=True)   # Q = G·xᵀ
@@ -582,6 +595,7 @@ class SsdBackwardChunk:
         if in_run & (part == 0):
             s_run_end[s] = s1
             s_run_start[s] = s0
+        fence_operands(mma)
         cute.arch.sync_threads()  # h₀, dh_end, the scaled rows and the per-warp dots are in shared memory
 
         if tid == 0:
@@ -686,6 +700,7 @@ class SsdBackwardChunk:
         coords_p = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P))))
         G_rows = mn_view(mma.thr.partition_C(sm.G))
         parts = cute.make_tensor(sm.parts.iterator, cute.make_layout((PARTS, WARPS, TILE), stride=(WARPS * TILE, TILE, 1)))
+        fence_operands(mma)
         cute.arch.sync_threads()  # S, V and every warp's row and column sums are in shared memory
         raw0 = t.dt.element_type(0.0)
         raw1 = t.dt.element_type(0.0)

@@ -123,16 +123,18 @@ class MmaParts:
 
 
 class WarpgroupMmaParts:
-    """Hopper warpgroup MMA (wgmma, sm_90a only; one warpgroup of 4 warps, fp32 accumulation) with
-    :class:`MmaParts`' interface: ``gemm`` reads both operands straight from the shared tiles (``smem_layout``'s
-    128-byte swizzle is the wgmma canonical one; a transposed view is an M- / N-major operand), so there are no
-    ldmatrix copies and one instruction covers 64 × 64 × 16."""
+    """Hopper warpgroup MMA (wgmma, sm_90a only; ``warpgroups`` of 4 warps side by side along N, fp32
+    accumulation) with :class:`MmaParts`' interface: ``gemm`` reads both operands straight from the shared tiles
+    (``smem_layout``'s 128-byte swizzle is the wgmma canonical one; a transposed view is an M- / N-major operand),
+    so there are no ldmatrix copies and one instruction covers 64 × (64 / warpgroups) × 16."""
 
     asynchronous = True  # gemm(..., wait=False) returns while the product runs
 
-    def __init__(self, io_type, tid):
+    def __init__(self, io_type, tid, warpgroups: int = 1):
         def tiled(a_major, b_major):
-            mma = sm90_utils.make_trivial_tiled_mma(io_type, io_type, a_major, b_major, Float32, (1, 1, 1), (64, 64))
+            # more warpgroups side by side along N, each m64 × 64/warpgroups per instruction
+            mma = sm90_utils.make_trivial_tiled_mma(io_type, io_type, a_major, b_major, Float32, (1, warpgroups, 1),
+                                                    (64, 64 // warpgroups))
             # always D += A·B (callers zero a fresh accumulator); set here, outside the kernels' loops: the flag
             # is state of the object, which a loop body must not rebind
             mma.set(warpgroup.Field.ACCUMULATE, True)
