@@ -36,12 +36,13 @@ import math
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
+from cutlass.experimental.primitives import cp_async_bulk_prefetch
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
 from kernel_src.families import expect_constants
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, WarpgroupMmaParts, async_tile_copy,
-                                  block_cumsum, count_changes, fence_operands, first_set_bit, load_tile, mn_view,
-                                  next_change, scale_row, smem_layout, transposed, vec, view)
+                                  block_cumsum, copy_row, count_changes, fence_operands, first_set_bit, load_tile,
+                                  mn_view, next_change, scale_row, smem_layout, store_pairs, transposed, vec, view)
 from kernel_src.ssm_math import SOFTPLUS_IDENTITY_ABOVE, delta_from_dt, sigmoid, warp_inclusive_scan
 
 LOG2_E = math.log2(math.e)
@@ -79,7 +80,8 @@ class SsdBackwardChunk:
             ptr("x", io, align=rows), ptr("dt", io), ptr("A", "fp32"), ptr("B", io, align=rows),
             ptr("C", io, align=rows), ptr("D", "fp32"), ptr("z", io, align=rows), ptr("dt_bias", "fp32"),
             ptr("out", io, align=rows),
-            ptr("dout", io, align=rows), ptr("dx", io), ptr("ddt", io), ptr("dB", io), ptr("dC", io), ptr("dz", io),
+            ptr("dout", io, align=rows), ptr("dx", io, align=rows), ptr("ddt", io), ptr("dB", io), ptr("dC", io),
+            ptr("dz", io, align=rows),
             ptr("initial_states", st), ptr("initial_state_indices", "int32"), ptr("states", "fp32", align=rows),
             ptr("dfinal_states", "fp32"), ptr("dstates", "fp32", align=rows), ptr("partials", "fp32"),
             ptr("group_grads", "fp32"),
@@ -123,11 +125,7 @@ class SsdBackwardChunk:
         block_start = blk * TILE
         rows = cute.math.min(L - block_start, Int32(TILE))
 
-        def per_head(pointer, name):  # a (batch, L, H, P) array
-            return view(pointer, (a.batch, L, H, P), getattr(a, f"stride_{name}_batch"),
-                        getattr(a, f"stride_{name}_seqlen"), getattr(a, f"stride_{name}_head"), 1)
-
-        def per_head_vec(pointer, name):
+        def per_head(pointer, name):  # a (batch, L, H, P) array whose rows move in 16-byte vectors
             return view(pointer, (a.batch, L, H, P), vec(getattr(a, f"stride_{name}_batch")),
                         vec(getattr(a, f"stride_{name}_seqlen")), vec(getattr(a, f"stride_{name}_head")), 1)
 
@@ -144,8 +142,8 @@ class SsdBackwardChunk:
                         getattr(a, f"stride_{name}_head"), N, 1)
 
         t = Tensors(
-            x=per_head_vec(a.x, "x"), z=per_head_vec(a.z, "z"), y=per_head_vec(a.out, "out"),
-            dout=per_head_vec(a.dout, "dout"), dx=per_head(a.dx, "dx"), dz=per_head(a.dz, "dz"),
+            x=per_head(a.x, "x"), z=per_head(a.z, "z"), y=per_head(a.out, "out"),
+            dout=per_head(a.dout, "dout"), dx=per_head(a.dx, "dx"), dz=per_head(a.dz, "dz"),
             dt=view(a.dt, (a.batch, L, H), a.stride_dt_batch, a.stride_dt_seqlen, a.stride_dt_head),
             ddt=view(a.ddt, (a.batch, L, H), a.stride_ddt_batch, a.stride_ddt_seqlen, a.stride_ddt_head),
             B=per_group(a.B, "B", True), C=per_group(a.C, "C", True),
@@ -381,6 +379,8 @@ class SsdBackwardChunk:
             load_tile(g2s, thr, t.z[row, None, h, None], ident_x, sZ, (TILE, P), (blk, 0), L)
             load_tile(g2s, thr, t.y[row, None, h, None], ident_x, sY, (TILE, P), (blk, 0), L)
         cute.arch.cp_async_commit_group()
+        if has_next & (tid == 2 * 32):
+            self._prefetch_states(a, t, row, h + 1, blk)
         if warp_id == 0:
             self._scan_head(a, sm, head_dt, lane)
         # the first run's states are loaded while the tiles are in flight (later runs load theirs in turn)
@@ -429,6 +429,14 @@ class SsdBackwardChunk:
             s0 = next_change(starts_lo, starts_hi, s1 - 1)
 
         return self._finish(a, t, sm, mma, acc_dx, row, h, has_next, head_dt, blk, block_start, rows, tid, io_type)
+
+    @cute.jit
+    def _prefetch_states(self, a, t, row, h, blk):
+        """Head h's states of the block (the workspace's h₀ and dh_end, what a run continuing a sequence and ending
+        at the block's end reads) into L2, while the head before it runs: its prologue then waits on L2, not HBM."""
+        P, N = self.headdim, self.d_state
+        for block in (t.states[row, cute.math.max(blk - 1, Int32(0)), h, None, None], t.dstates[row, blk, h, None, None]):
+            cp_async_bulk_prefetch(block.iterator, P * N * (block.element_type.width // 8))
 
     @cute.jit
     def _load_head_dt(self, a, t, sm, row, h, block_start, lane):
@@ -713,6 +721,9 @@ class SsdBackwardChunk:
 
         # dx = Sᵀ·G + Δ ⊙ U + D ⊙ G (rows inside a sequence, below L)
         dx_out, partials = t.dx, t.partials
+        per_row = THREADS // TILE
+        s = tid // per_row
+        part = tid % per_row
         mma.gemm(acc_dx, transposed(sm.S, TILE, TILE), transposed(sm.G, TILE, P), TILE // 16,
                  a_transposed=True, b_transposed=True)
         dX = mn_view(acc_dx)
@@ -725,11 +736,8 @@ class SsdBackwardChunk:
                     c = 2 * n + half
                     dX[r, c] = Float32(cutlass.select_(inside, dX[r, c] + sm.D[coords_p[0, c][1]] * g_pair[half],
                                                        zero))
-        for r in cutlass.range_constexpr(cute.size(dX, mode=[0])):
-            i = coords_p[r, 0][0]
-            if i < rows:
-                for c in cutlass.range_constexpr(cute.size(dX, mode=[1])):
-                    dx_out[row, block_start + i, h, coords_p[0, c][1]] = dX[r, c].to(io_type)
+        # staged in shared memory, written in 16-byte row vectors after the barrier below
+        store_pairs(dX, mn_view(mma.thr.partition_C(sm.dx)), io_type)
         # dB += Vᵀ·C ; dC += V·B
         _accumulate(mma, sm.dB[tid, None], transposed(sm.V, TILE, TILE), transposed(sm.C, TILE, N), TILE // 16,
                     a_transposed=True, b_transposed=True)
@@ -737,6 +745,8 @@ class SsdBackwardChunk:
 
         # every warp done with the head's tiles: the others start the next head while warp 1 finishes this one
         cute.arch.sync_threads()
+        if s < rows:
+            copy_row(sm.dx, dx_out[row, block_start + s, h, None], s, part, per_row)
         if warp_id == 1:
             self._rows(a, t, sm, parts, row, h, blk, block_start, rows, lane, io_type)
         if tid >= THREADS - P:  # dD's column sums: the slices in order
@@ -904,6 +914,9 @@ class Shared:
         self.masks = storage.masks.get_tensor(cute.make_layout((5,)))
         self.fragments = storage.fragments.get_tensor(
             cute.make_layout((2, THREADS, _per_thread(TILE)), stride=(TILE * TILE, PARK_VECTOR, _per_thread_stride())))
+        # the head's dx in the I/O dtype, staged over Q's fragments (free from the straddling sums to the next head's Q)
+        self.dx = cute.make_tensor(cute.recast_ptr(self.fragments.iterator + TILE * TILE, dtype=self.x.element_type),
+                                   smem_layout((TILE, P)))
         self.dB = storage.dB.get_tensor(_parking(N))
         self.dC = storage.dC.get_tensor(_parking(N))
 

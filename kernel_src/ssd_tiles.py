@@ -198,6 +198,17 @@ def scale_row(src, dst, s, part, per_row: cutlass.Constexpr, factor: Float32, io
 
 
 @cute.jit
+def copy_row(src, dst, s, part, per_row: cutlass.Constexpr):
+    """dst[cols] = src[s, cols] for this thread's share of row s, 16 bytes at a time; the row's ``per_row``
+    threads take adjacent vectors in turn (a global row is then written in whole sectors)."""
+    src_row = cute.zipped_divide(src[s, None], (CHUNK,))
+    dst_row = cute.zipped_divide(dst, (CHUNK,))
+    chunks = cute.size(src, mode=[1]) // CHUNK
+    for k in cutlass.range_constexpr(chunks // per_row):
+        dst_row[None, k * per_row + part].store(src_row[None, k * per_row + part].load())
+
+
+@cute.jit
 def store_pairs(frag, smem, dtype: cutlass.Constexpr):
     """A fragment (rows, columns view) into its partition of a tile (shared, or global) in ``dtype``: each
     thread's two adjacent columns (an MMA accumulator pair) as one store."""

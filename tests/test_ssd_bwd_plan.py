@@ -146,6 +146,11 @@ def test_per_head_D_and_no_optional_gradients():
      "fp32"),
     ({"dfinal_states": fake_array(0x7f000000, (3, H, P, N), "fp32")}, errors.ShapeError, "dfinal_states",
      "num_seqs"),
+    # dx and dz are written in 16-byte row vectors
+    ({"dx": fake_array(0x7f000008, (BATCH, L, H, P), "fp16")}, errors.AlignmentError, "dx", "16-byte aligned"),
+    ({"dz": fake_array(0x7f000008, (BATCH, L, H, P), "fp16")}, errors.AlignmentError, "dz", "16-byte aligned"),
+    ({"dx": fake_array(0x7f000000, (BATCH, L, H, P), "fp16", strides=(L * H * 68, H * 68, 68, 1))},
+     errors.StrideError, "dx", "multiples of 8"),
 ])
 def test_bad_input_is_refused_before_anything_launches(no_driver, over, error, argument, fragment):
     expect_refused("ssd_bwd", bwd_args(**over), error, argument, fragment)

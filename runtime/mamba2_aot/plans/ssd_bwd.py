@@ -16,7 +16,7 @@ argument           shape                       dtype   notes
 =================  ==========================  ======  =============================================================
 dout               (batch, L, H, P)            io      gradient of ``out``, read; last dim contiguous, 16-byte rows
 dfinal_states      (num_seqs, H, P, N) / None  fp32    gradient of each sequence's final state, read (zero if None)
-dx, dz             like x / z                  io      written (dz: required with z, refused without)
+dx, dz             like x / z                  io      written (dz: required with z, refused without); 16-byte rows
 ddt                like dt                     io      written: d loss / d raw dt (through dt_bias, softplus, limit)
 dA                 (H,)                        fp32    written
 dB, dC             like B / C                  io      written (summed over the heads of a group)
@@ -255,7 +255,9 @@ class SsdBackwardPlan(CompositePlan):
             if grad is not None:
                 expect_dtype(grad, (io,))
                 expect_shape(grad, like.shape, f"the shape of {like.name}")
-        expect_vector_operand(dout)
+        for moved_in_vectors in (dout, dx, dz):
+            if moved_in_vectors is not None:
+                expect_vector_operand(moved_in_vectors)
         if z is not None:
             expect_dtype(z, (io,))
             expect_shape(z, x.shape, "(batch, seqlen, nheads, headdim) of x")
