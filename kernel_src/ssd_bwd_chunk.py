@@ -43,7 +43,7 @@ from kernel_src.families import expect_constants
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, WarpgroupMmaParts, async_tile_copy,
                                   block_cumsum, copy_row, count_changes, fence_operands, first_set_bit, load_tile,
                                   mn_view, next_change, scale_row, smem_layout, store_pairs, transposed, vec, view)
-from kernel_src.ssm_math import SOFTPLUS_IDENTITY_ABOVE, delta_from_dt, sigmoid, warp_inclusive_scan
+from kernel_src.ssm_math import SOFTPLUS_IDENTITY_ABOVE, delta_from_dt, sigmoid, warp_inclusive_scans
 
 LOG2_E = math.log2(math.e)
 WARPS = 8
@@ -793,20 +793,20 @@ class SsdBackwardChunk:
                 claimed = inside & (j >= first) & (j < i)
                 w_tile[i * TILE + ((i + j) % TILE)] = Float32(cutlass.select_(claimed, St[r, c], Float32(0.0)))
         cute.arch.sync_threads()
-        # row i: exclusive prefix sums along j, a warp per row at a time (a lane holds columns 2·lane, 2·lane + 1)
+        # row i: exclusive prefix sums along j, a warp's rows scanned side by side (a lane holds columns 2·lane and
+        # 2·lane + 1 of each)
         warp_id = cute.arch.warp_idx()
         lane = cute.arch.lane_idx()
+        at_even = [(warp_id * (TILE // WARPS) + k) * TILE + ((warp_id * (TILE // WARPS) + k + 2 * lane) % TILE)
+                   for k in range(TILE // WARPS)]
+        at_odd = [(warp_id * (TILE // WARPS) + k) * TILE + ((warp_id * (TILE // WARPS) + k + 2 * lane + 1) % TILE)
+                  for k in range(TILE // WARPS)]
+        evens = [w_tile[at] for at in at_even]
+        inclusive = warp_inclusive_scans([even + w_tile[at] for even, at in zip(evens, at_odd)], lane)
         for k in cutlass.range_constexpr(TILE // WARPS):
-            i = warp_id * (TILE // WARPS) + k
-            at_even = i * TILE + ((i + 2 * lane) % TILE)
-            at_odd = i * TILE + ((i + 2 * lane + 1) % TILE)
-            even = w_tile[at_even]
-            inclusive = warp_inclusive_scan(even + w_tile[at_odd], lane)
-            before = cute.arch.shuffle_sync_up(inclusive, 1)
-            if lane == 0:
-                before = Float32(0.0)
-            w_tile[at_even] = before
-            w_tile[at_odd] = before + even
+            before = Float32(cutlass.select_(lane == 0, Float32(0.0), cute.arch.shuffle_sync_up(inclusive[k], 1)))
+            w_tile[at_even[k]] = before
+            w_tile[at_odd[k]] = before + evens[k]
         cute.arch.sync_threads()
         # column k: the prefixes of rows i >= k, a quarter of the rows per thread (_rows adds the quarters)
         k = tid % TILE
@@ -842,8 +842,7 @@ class SsdBackwardChunk:
             leaving[half] = delta_i * sums[2]
             direct[half] = sums[0] + sums[2]
         suffix, suffix_q, ddt_out, partials = sm.suffix, sm.suffix_q, t.ddt, t.partials
-        _block_suffix_sums(dlam, suffix, lane)
-        _block_suffix_sums(leaving, suffix_q, lane)
+        _block_suffix_sums([(dlam, suffix), (leaving, suffix_q)], lane)
         cute.arch.sync_warp()
         dA_part = zero
         bias_part = zero
@@ -997,14 +996,20 @@ def _accumulate(mma, parked, sA, sB, k_blocks: cutlass.Constexpr, a_transposed: 
 
 
 @cute.jit
-def _block_suffix_sums(values, dst, lane):
-    """A warp: dst[k] = Σ_{i >= k} of a block's 64 row values (rows lane and lane + 32 in ``values``), dst[64] = 0."""
-    upper = warp_inclusive_scan(cute.arch.shuffle_sync(values[1], 31 - lane), lane)
-    lower = warp_inclusive_scan(cute.arch.shuffle_sync(values[0], 31 - lane), lane) + cute.arch.shuffle_sync(upper, 31)
-    dst[63 - lane] = upper
-    dst[31 - lane] = lower
-    if lane == 0:
-        dst[TILE] = Float32(0.0)
+def _block_suffix_sums(sums, lane):
+    """A warp, for each (values, dst) of ``sums``: dst[k] = Σ_{i >= k} of a block's 64 row values (rows lane and
+    lane + 32 in ``values``), dst[64] = 0. The scans run side by side."""
+    reversed_rows = []
+    for values, _ in sums:
+        reversed_rows += [cute.arch.shuffle_sync(values[1], 31 - lane), cute.arch.shuffle_sync(values[0], 31 - lane)]
+    scanned = warp_inclusive_scans(reversed_rows, lane)
+    for k in cutlass.range_constexpr(len(sums)):
+        dst = sums[k][1]
+        upper = scanned[2 * k]
+        dst[63 - lane] = upper
+        dst[31 - lane] = scanned[2 * k + 1] + cute.arch.shuffle_sync(upper, 31)
+        if lane == 0:
+            dst[TILE] = Float32(0.0)
 
 
 @cute.jit

@@ -9,7 +9,7 @@ from cutlass import Float32, Int32
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warp, warpgroup
 
-from kernel_src.ssm_math import warp_inclusive_scan
+from kernel_src.ssm_math import warp_inclusive_scans
 
 TILE = 64        # tokens per block: the M and K extent of the intra-block products
 VECTOR = 8       # 16-byte cp.async of 16-bit elements: the runtime checks strides and bases for it
@@ -283,8 +283,8 @@ def block_cumsum(d0: Float32, d1: Float32, A_log2: Float32, lane: Int32):
     """Warp: the inclusive cumsum of Δ·A·log2(e) over a 64-row block whose rows lane and lane + 32 hold Δ d0, d1."""
     term0 = d0 * A_log2
     term1 = d1 * A_log2
-    c0 = warp_inclusive_scan(term0, lane)
-    c1 = warp_inclusive_scan(term1, lane) + cute.arch.shuffle_sync(c0, 31)
+    c0, c1 = warp_inclusive_scans([term0, term1], lane)
+    c1 = c1 + cute.arch.shuffle_sync(c0, 31)
     # The tree scan adds in a different order on every lane, so across a run of Δ = 0 the cumsums could
     # differ by rounding, and 2^(cs_t - cs_s) would not be exactly 1 there (with |Δ·A| ~ 1e6 the error is
     # ~2^3). Each row therefore takes the cumsum of the last row at or before it whose Δ·A is non-zero.

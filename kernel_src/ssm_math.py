@@ -29,11 +29,18 @@ def accepted_rows(accepted: Int32, count: Int32, capacity: Int32) -> Int32:
 @cute.jit
 def warp_inclusive_scan(value: Float32, lane: Int32) -> Float32:
     """Inclusive prefix sum over the 32 lanes of a warp (shuffle-up steps of 1, 2, 4, 8, 16)."""
+    return warp_inclusive_scans([value], lane)[0]
+
+
+@cute.jit
+def warp_inclusive_scans(values: list, lane: Int32) -> list:
+    """:func:`warp_inclusive_scan` of several independent values, step by step side by side: their shuffles are
+    in flight together instead of one scan's latency after another's."""
+    values = list(values)
     for level in cutlass.range_constexpr(5):
-        neighbour = cute.arch.shuffle_sync_up(value, 1 << level)
-        if lane >= (1 << level):
-            value = value + neighbour
-    return value
+        neighbours = [cute.arch.shuffle_sync_up(v, 1 << level) for v in values]
+        values = [Float32(cutlass.select_(lane >= (1 << level), v + n, v)) for v, n in zip(values, neighbours)]
+    return values
 
 
 @cute.jit
