@@ -12,8 +12,9 @@ so with G = dout ⊙ silu(z) (dout where there is no z), the gradient of the los
 
 One CTA owns one (64-row slice of P, head, sequence source), like the forward, and walks its blocks and runs
 backwards carrying dh (fp32, in the MMA accumulators): at a sequence's last token dh starts from
-``dfinal_states`` (zero if absent); after the block's last token it is stored to ``dstates[row, block]`` (the
-gradient of the state the forward stores in its 64-token ``chunk_states``); at a sequence's first token it is
+``dfinal_states`` (zero if absent); after the block's last token it is stored to ``dstates[row, block]`` in the I/O
+dtype (the gradient of the state the forward stores in its 64-token ``chunk_states``; ssd_bwd_chunk's products take
+it in that dtype, and half the bytes of fp32 cross HBM); at a sequence's first token it is
 that sequence's ``dinitial_states``. The product (e ⊙ G)ᵀ·C is a bf16 / fp16 warp MMA with fp32 accumulation.
 """
 
@@ -57,7 +58,7 @@ class SsdBackwardStates:
         return [
             ptr("dout", io, align=rows), ptr("z", io, align=rows), ptr("dt", io), ptr("A", "fp32"),
             ptr("C", io, align=rows), ptr("dt_bias", "fp32"),
-            ptr("dfinal_states", "fp32"), ptr("dinitial_states", "fp32"), ptr("dstates", "fp32", align=8),
+            ptr("dfinal_states", "fp32"), ptr("dinitial_states", "fp32"), ptr("dstates", io, align=4),
             ptr("seq_idx", "int32"), ptr("cu_seqlens", "int32"),
             i32("batch"), i32("seqlen"), i32("nheads"), i32("heads_per_group"), i32("num_seqs"), i32("nblocks"),
             *strides("dout", "batch", "seqlen", "head"), *strides("z", "batch", "seqlen", "head"),
@@ -175,7 +176,7 @@ class SsdBackwardStates:
                             valid = Int32(1)
                     load_state(acc, mma, dfinal[cute.math.min(seq, a.num_seqs - 1), h, None, None], p0, valid)
                 if s1 == block_last:
-                    store_state(dstates[row, blk, h, None, None], mma, acc, p0, Float32, paired=True)
+                    store_state(dstates[row, blk, h, None, None], mma, acc, p0, io_type, paired=True)
 
                 self._run(a, mma, acc, sDout, sZ, sGe, sC, sCs, s0, s1, tid, io_type)
 

@@ -48,11 +48,12 @@ Steps (launches on one stream, in order; everything validated before the first):
    share of dB and dC (``workspace.group_grads``) instead of dB and dC;
 4. ``ssd_bwd_reduce``, one CTA per head: dA, dD, ddt_bias; with head splits, more CTAs add the shares of dB and dC.
 
-Workspace (each region 256-byte aligned): y (batch·L·H·P, io dtype), states and dstates (batch · ceil(L/64) · H ·
-P · N each, fp32), partials (batch · ceil(L/64) · H · (P + 2), fp32) and, with head splits, group_grads
-(2 · head_splits · batch · L · G · N, fp32; the region is kept at the most any call with at most this batch and
-length needs, so that a workspace sized for one call serves every smaller one). Deterministic: no atomics, every
-sum in a fixed order, so repeated calls give bitwise-identical gradients.
+Workspace (each region 256-byte aligned): y (batch·L·H·P, io dtype), states (batch · ceil(L/64) · H · P · N, fp32) and
+dstates (as many, io dtype: the chunk pass's products take dh_end in that dtype; its ⟨dh_end, h₀⟩ then has dh_end so
+rounded; Triton's backward keeps its state gradients in the I/O dtype too), partials (batch · ceil(L/64) · H · (P +
+2), fp32) and, with head splits, group_grads (2 · head_splits · batch · L · G · N, fp32; the region is kept at the
+most any call with at most this batch and length needs, so that a workspace sized for one call serves every smaller
+one). Deterministic: no atomics, every sum in a fixed order, so repeated calls give bitwise-identical gradients.
 """
 from __future__ import annotations
 
@@ -181,7 +182,7 @@ class Workspace:
         self.head_splits = head_splits(batch, nblocks, ngroups, nheads // ngroups)
         state_shape = (batch, nblocks, nheads, headdim, d_state)
         self.layout = [("out", (batch, seqlen, nheads, headdim), io), ("states", state_shape, "fp32"),
-                       ("dstates", state_shape, "fp32"), ("partials", (batch, nblocks, nheads, headdim + PARTIAL_EXTRA),
+                       ("dstates", state_shape, io), ("partials", (batch, nblocks, nheads, headdim + PARTIAL_EXTRA),
                                                           "fp32")]
         if self.head_splits > 1:
             self.layout.append(("group_grads", (2, self.head_splits, batch, seqlen, ngroups, d_state), "fp32"))
