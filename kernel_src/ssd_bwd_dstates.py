@@ -15,7 +15,8 @@ backwards carrying dh (fp32, in the MMA accumulators): at a sequence's last toke
 ``dfinal_states`` (zero if absent); after the block's last token it is stored to ``dstates[row, block]`` in the I/O
 dtype (the gradient of the state the forward stores in its 64-token ``chunk_states``; ssd_bwd_chunk's products take
 it in that dtype, and half the bytes of fp32 cross HBM); at a sequence's first token it is
-that sequence's ``dinitial_states``. The product (e ⊙ G)ᵀ·C is a bf16 / fp16 warp MMA with fp32 accumulation.
+that sequence's ``dinitial_states``. The product (e ⊙ G)ᵀ·C is a bf16 / fp16 MMA with fp32 accumulation: wgmma on sm_90a up to N = 128, warp MMAs
+elsewhere.
 """
 
 # (no "from __future__ import annotations": cute.struct reads its field annotations as live objects)
@@ -27,9 +28,10 @@ from cutlass import Float32, Int32
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, strides
 from kernel_src.families import expect_constants
-from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, async_tile_copy, block_cumsum,
-                                  count_changes, load_state, load_tile, mask_bit, previous_change, smem_layout,
-                                  pairs, source_tokens, store_state, transposed, vec, view)
+from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, WarpgroupMmaParts, async_tile_copy,
+                                  block_cumsum, count_changes, fence_operands, load_state, load_tile, mask_bit,
+                                  pairs, previous_change, smem_layout, source_tokens, store_state, transposed, vec,
+                                  view)
 from kernel_src.ssm_math import delta_from_dt, silu
 
 P_TILE = 64
@@ -42,6 +44,7 @@ class SsdBackwardStates:
     headdims = (64, 128)
     d_states = (64, 128, 256)
     io_dtypes = ("bf16", "fp16")
+    target_arch = None  # set by the build (compile_variant) before compiling
 
     def __init__(self, headdim: int, d_state: int, io_dtype: str):
         expect_constants(self, headdim=headdim, d_state=d_state, io_dtype=io_dtype)
@@ -76,7 +79,23 @@ class SsdBackwardStates:
     def __call__(self, args: tuple, stream):
         a = bind(self.params(), args)
         self.kernel(args).launch(grid=[self.headdim // P_TILE, a.nheads, a.batch], block=list(self.block),
-                                 smem=self.dynamic_smem, stream=stream)
+                                 smem=self.dynamic_smem, stream=stream, min_blocks_per_mp=self.min_ctas_per_sm,
+                                 preferred_smem_carveout=0)
+
+    def _warpgroup_mma(self):
+        """sm_90a up to N = 128 (4 warps, one warpgroup): wgmma reads both operands from the shared tiles, no
+        ldmatrix fragments in registers, so three CTAs fit an SM (their barriers and loads overlap)."""
+        assert self.target_arch is not None, "ssd_bwd_dstates' MMAs follow the target: set target_arch first"
+        return self.target_arch == "sm_90a" and self.d_state <= 128
+
+    @property
+    def min_ctas_per_sm(self):
+        return 3 if self._warpgroup_mma() else 1
+
+    def _mma(self, io_type, tid):
+        if self._warpgroup_mma():
+            return WarpgroupMmaParts(io_type, tid)
+        return MmaParts(io_type, self.warps, tid)
 
     @cute.kernel
     def kernel(self, args: tuple):
@@ -118,7 +137,7 @@ class SsdBackwardStates:
         sCs = storage.cs.get_tensor(cute.make_layout((TILE,)))
         sChanges = storage.changes.get_tensor(cute.make_layout((2,)))
 
-        mma = MmaParts(io_type, self.warps, tid)
+        mma = self._mma(io_type, tid)
         g2s = async_tile_copy(io_type, self.threads)
         thr = g2s.get_slice(tid)
         ident_x = cute.make_identity_tensor((L, P))
@@ -155,6 +174,7 @@ class SsdBackwardStates:
                     dt0, dt1, here0, before0, here1, before1 = self._load_raw(
                         a, dt, seq_idx, row, h, block_start - TILE, start, end, lane)
             cute.arch.cp_async_wait_group(0)
+            fence_operands(mma)  # (wgmma reads C through the async proxy)
             cute.arch.sync_threads()
 
             changes_lo = sChanges[0]
@@ -206,6 +226,7 @@ class SsdBackwardStates:
         cs_end = sCs[s1 - 1]
         cute.arch.sync_threads()  # every warp done reading the last run's scaled rows
         self._gated_rows(a, sDout, sZ, sGe, sCs, base, s0, s1, tid, io_type)
+        fence_operands(mma)
         cute.arch.sync_threads()
         decay = cute.math.exp2(cute.math.min(cs_end - base, Float32(0.0)), fastmath=True)
         for e in cutlass.range_constexpr(cute.size(acc)):
