@@ -41,9 +41,9 @@ from cutlass.experimental.primitives import cp_async_bulk_prefetch
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
 from kernel_src.families import expect_constants
-from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, WarpgroupMmaParts, async_tile_copy,
-                                  block_cumsum, copy_row, count_changes, fence_operands, first_set_bit, load_tile,
-                                  mn_view, next_change, scale_row, smem_layout, store_pairs, transposed, vec, view)
+from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, async_tile_copy, block_cumsum, copy_row,
+                                  count_changes, fence_operands, first_set_bit, load_tile, make_mma, mn_view,
+                                  next_change, scale_row, smem_layout, store_pairs, transposed, vec, view)
 from kernel_src.ssm_math import SOFTPLUS_IDENTITY_ABOVE, delta_from_dt, sigmoid, warp_inclusive_scans
 
 LOG2_E = math.log2(math.e)
@@ -213,9 +213,7 @@ class SsdBackwardChunk:
         """sm_90a: wgmma, two warpgroups side by side along N reading both operands from the shared tiles; else the
         warp MMAs (4 × 2 warps) read with ldmatrix."""
         assert self.target_arch is not None, "ssd_bwd_chunk's MMAs follow the target: set target_arch first"
-        if self.target_arch == "sm_90a":
-            return WarpgroupMmaParts(io_type, tid, warpgroups=2)
-        return MmaParts(io_type, self.warps, tid)
+        return make_mma(io_type, tid, self.warps, warpgroups=2 if self.target_arch == "sm_90a" else 0)
 
     def _shared_storage(self, io_type):
         P, N = self.headdim, self.d_state

@@ -28,10 +28,9 @@ from cutlass import Float32, Int32
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, strides
 from kernel_src.families import expect_constants
-from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, WarpgroupMmaParts, async_tile_copy,
-                                  block_cumsum, count_changes, fence_operands, load_state, load_tile, mask_bit,
-                                  pairs, previous_change, smem_layout, source_tokens, store_state, transposed, vec,
-                                  view)
+from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, async_tile_copy, block_cumsum, count_changes,
+                                  fence_operands, load_state, load_tile, make_mma, mask_bit, pairs, previous_change,
+                                  smem_layout, source_tokens, store_state, transposed, vec, view)
 from kernel_src.ssm_math import delta_from_dt, silu
 
 P_TILE = 64
@@ -92,10 +91,6 @@ class SsdBackwardStates:
     def min_ctas_per_sm(self):
         return 3 if self._warpgroup_mma() else 1
 
-    def _mma(self, io_type, tid):
-        if self._warpgroup_mma():
-            return WarpgroupMmaParts(io_type, tid)
-        return MmaParts(io_type, self.warps, tid)
 
     @cute.kernel
     def kernel(self, args: tuple):
@@ -137,7 +132,7 @@ class SsdBackwardStates:
         sCs = storage.cs.get_tensor(cute.make_layout((TILE,)))
         sChanges = storage.changes.get_tensor(cute.make_layout((2,)))
 
-        mma = self._mma(io_type, tid)
+        mma = make_mma(io_type, tid, self.warps, warpgroups=int(self._warpgroup_mma()))
         g2s = async_tile_copy(io_type, self.threads)
         thr = g2s.get_slice(tid)
         ident_x = cute.make_identity_tensor((L, P))

@@ -44,9 +44,9 @@ from cutlass import Float32, Int32
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
 from kernel_src.families import expect_constants
-from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, MmaParts, WarpgroupMmaParts, async_tile_copy,
-                                  block_cumsum, fence_operands, load_tile, mask_bit, mn_view, next_change, scale_row,
-                                  pairs, smem_layout, source_tokens, store_pairs, store_state, transposed, vec, view)
+from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, async_tile_copy, block_cumsum, fence_operands,
+                                  load_tile, make_mma, mask_bit, mn_view, next_change, pairs, scale_row, smem_layout,
+                                  source_tokens, store_pairs, store_state, transposed, vec, view)
 from kernel_src.ssm_math import delta_from_dt, silu_approx
 
 P_TILE = 64      # head-dim rows per CTA
@@ -100,10 +100,6 @@ class SsdForward:
     def min_ctas_per_sm(self):
         return 2 if self._warpgroup_mma() else 1
 
-    def _mma(self, io_type, tid):
-        if self._warpgroup_mma():
-            return WarpgroupMmaParts(io_type, tid)
-        return MmaParts(io_type, self.warps, tid)
 
     def _scratch_floats(self):
         """One buffer holds S and the weighted x while the products run, then y (fp32)."""
@@ -201,7 +197,7 @@ class SsdForward:
         sCs = storage.cs.get_tensor(cute.make_layout((TILE,)))
         sChanges = storage.changes.get_tensor(cute.make_layout((2,)))
 
-        mma = self._mma(io_type, tid)
+        mma = make_mma(io_type, tid, self.warps, warpgroups=int(self._warpgroup_mma()))
         g2s = async_tile_copy(io_type, self.threads)
         gx = x[row, None, h, None]
         gz = z[row, None, h, None]

@@ -172,6 +172,14 @@ class WarpgroupMmaParts:
         warpgroup.wait_group(0)
 
 
+def make_mma(io_type, tid, warps, warpgroups: int):
+    """A CTA's MMA parts: ``warpgroups`` side by side along N (wgmma, sm_90a) when non-zero, else warp MMAs over
+    the (rows, columns) ``warps`` layout."""
+    if warpgroups:
+        return WarpgroupMmaParts(io_type, tid, warpgroups)
+    return MmaParts(io_type, warps, tid)
+
+
 def fence_operands(mma):
     """Before the barrier that publishes shared tiles to ``mma``: wgmma reads them through the async proxy, so
     this thread's ordinary (and cp.async) writes are fenced for it; warp MMAs read them with ordinary loads."""
