@@ -58,13 +58,17 @@ def strides(array: str, *dims: str) -> list[Param]:
     return [i64(f"stride_{array}_{d}") for d in dims]
 
 
-def ssm_strides() -> list[Param]:
-    """The strides of the SSM inputs and output every SSM family takes, in kernel order: x, dt, A, B, C, D, z,
-    dt_bias, out, each (batch, seqlen, head | group)-indexed with its last dim contiguous."""
+def ssm_input_strides() -> list[Param]:
+    """The strides of the SSM inputs every SSM family takes, in kernel order: x, dt, A, B, C, D, z, dt_bias, each
+    (batch, seqlen, head | group)-indexed with its last dim contiguous."""
     return [*strides("x", "batch", "seqlen", "head"), *strides("dt", "batch", "seqlen", "head"), *strides("A", "head"),
             *strides("B", "batch", "seqlen", "group"), *strides("C", "batch", "seqlen", "group"),
-            *strides("D", "head", "dim"), *strides("z", "batch", "seqlen", "head"), *strides("dt_bias", "head"),
-            *strides("out", "batch", "seqlen", "head")]
+            *strides("D", "head", "dim"), *strides("z", "batch", "seqlen", "head"), *strides("dt_bias", "head")]
+
+
+def ssm_strides() -> list[Param]:
+    """:func:`ssm_input_strides` and the output's, ``out`` (batch, seqlen, head): the forward families'."""
+    return [*ssm_input_strides(), *strides("out", "batch", "seqlen", "head")]
 
 
 def layout(params: list[Param]) -> list[dict]:

@@ -39,7 +39,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 from cutlass.experimental.primitives import cp_async_bulk_prefetch
 
-from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
+from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_input_strides, strides
 from kernel_src.families import expect_constants
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, async_tile_copy, block_cumsum, copy_row,
                                   count_changes, fence_operands, first_set_bit, load_tile, make_mma, mn_view,
@@ -80,7 +80,6 @@ class SsdBackwardChunk:
         return [
             ptr("x", io, align=rows), ptr("dt", io), ptr("A", "fp32"), ptr("B", io, align=rows),
             ptr("C", io, align=rows), ptr("D", "fp32"), ptr("z", io, align=rows), ptr("dt_bias", "fp32"),
-            ptr("out", io, align=rows),
             ptr("dout", io, align=rows), ptr("dx", io, align=rows), ptr("ddt", io), ptr("dB", io), ptr("dC", io),
             ptr("dz", io, align=rows),
             ptr("initial_states", st), ptr("initial_state_indices", "int32"), ptr("states", "fp32", align=rows),
@@ -89,7 +88,7 @@ class SsdBackwardChunk:
             ptr("seq_idx", "int32"), ptr("cu_seqlens", "int32"),
             i32("batch"), i32("seqlen"), i32("nheads"), i32("heads_per_group"), i32("head_splits"), i32("num_seqs"),
             i32("num_initial_slots"), i32("nblocks"),
-            *ssm_strides(),
+            *ssm_input_strides(),
             *strides("dout", "batch", "seqlen", "head"), *strides("dx", "batch", "seqlen", "head"),
             *strides("ddt", "batch", "seqlen", "head"), *strides("dB", "batch", "seqlen", "group"),
             *strides("dC", "batch", "seqlen", "group"), *strides("dz", "batch", "seqlen", "head"),
@@ -143,7 +142,7 @@ class SsdBackwardChunk:
                         getattr(a, f"stride_{name}_head"), N, 1)
 
         t = Tensors(
-            x=per_head(a.x, "x"), z=per_head(a.z, "z"), y=per_head(a.out, "out"),
+            x=per_head(a.x, "x"), z=per_head(a.z, "z"),
             dout=per_head(a.dout, "dout"), dx=per_head(a.dx, "dx"), dz=per_head(a.dz, "dz"),
             dt=view(a.dt, (a.batch, L, H), a.stride_dt_batch, a.stride_dt_seqlen, a.stride_dt_head),
             ddt=view(a.ddt, (a.batch, L, H), a.stride_ddt_batch, a.stride_ddt_seqlen, a.stride_ddt_head),
@@ -224,7 +223,7 @@ class SsdBackwardChunk:
             C: cute.struct.Align[cute.struct.MemRange[io_type, TILE * N], SMEM_ALIGN]
             x: cute.struct.Align[cute.struct.MemRange[io_type, TILE * P], SMEM_ALIGN]
             gated: cute.struct.Align[cute.struct.MemRange[io_type, TILE * P], SMEM_ALIGN]   # dout, then G
-            # z and y while G and dz are computed, then the run's (w ⊙ x) and (e ⊙ G)
+            # z while G is computed, then the run's (w ⊙ x) and (e ⊙ G)
             scaled: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * P], SMEM_ALIGN]
             S: cute.struct.Align[cute.struct.MemRange[io_type, TILE * TILE], SMEM_ALIGN]
             V: cute.struct.Align[cute.struct.MemRange[io_type, TILE * TILE], SMEM_ALIGN]
@@ -369,14 +368,12 @@ class SsdBackwardChunk:
         thr = g2s.get_slice(tid)
         ident_x = cute.make_identity_tensor((L, P))
         sZ = cute.make_tensor(sm.scaled.iterator, smem_layout((TILE, P)))
-        sY = cute.make_tensor(sm.scaled.iterator + TILE * P, smem_layout((TILE, P)))
 
         # (the last head's _finish waited for every warp to be done with its tiles)
         load_tile(g2s, thr, t.x[row, None, h, None], ident_x, sm.x, (TILE, P), (blk, 0), L)
         load_tile(g2s, thr, t.dout[row, None, h, None], ident_x, sm.G, (TILE, P), (blk, 0), L)
         if a.has_z != 0:
             load_tile(g2s, thr, t.z[row, None, h, None], ident_x, sZ, (TILE, P), (blk, 0), L)
-            load_tile(g2s, thr, t.y[row, None, h, None], ident_x, sY, (TILE, P), (blk, 0), L)
         cute.arch.cp_async_commit_group()
         if has_next & (tid == 2 * 32):
             self._prefetch_states(a, t, row, h + 1, blk)
@@ -410,7 +407,7 @@ class SsdBackwardChunk:
             s_parts[k * THREADS + tid] = Float32(0.0)
 
         if a.has_z != 0:
-            self._gate(t, sm, sZ, sY, row, h, block_start, rows, tid, io_type)
+            self._gate(t, sm, sZ, row, h, block_start, rows, tid, io_type)
             fence_operands(mma)
             cute.arch.sync_threads()
 
@@ -418,16 +415,19 @@ class SsdBackwardChunk:
         self._dD_slices(sm, tid)
         acc_dx = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P)), Float32)
         acc_dx.fill(0.0)
+        acc_y = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P)), Float32)  # y, for dz (with z)
+        acc_y.fill(0.0)
 
         while s0 < TILE:
             s1 = cute.math.min(next_change(starts_lo, starts_hi, s0), next_change(outside_lo, outside_hi, s0))
             if s0 != first:
                 cute.arch.sync_threads()  # every warp done with the last run's states and scaled rows
                 self._load_states(a, t, sm, row, h, blk, s0, s1, rows, tid, io_type)
-            self._run(a, t, sm, mma, acc_dx, row, h, blk, s0, s1, rows, tid, io_type)
+            self._run(a, t, sm, mma, acc_dx, acc_y, row, h, blk, s0, s1, rows, tid, io_type)
             s0 = next_change(starts_lo, starts_hi, s1 - 1)
 
-        return self._finish(a, t, sm, mma, acc_dx, row, h, has_next, head_dt, blk, block_start, rows, tid, io_type)
+        return self._finish(a, t, sm, mma, acc_dx, acc_y, row, h, has_next, head_dt, blk, block_start, rows, tid,
+                            io_type)
 
     @cute.jit
     def _prefetch_states(self, a, t, row, h, blk):
@@ -476,8 +476,9 @@ class SsdBackwardChunk:
         sm.dt_in[lane + 32] = v1
 
     @cute.jit
-    def _gate(self, t, sm, sZ, sY, row, h, block_start, rows, tid, io_type: cutlass.Constexpr):
-        """G = dout ⊙ silu(z) over dout's tile, and dz = dout ⊙ y ⊙ silu'(z) (zero outside every sequence)."""
+    def _gate(self, t, sm, sZ, row, h, block_start, rows, tid, io_type: cutlass.Constexpr):
+        """G = dout ⊙ silu(z) over dout's tile, and dout ⊙ silu'(z) (zero outside every sequence) into dz, where
+        _finish multiplies it by y once the head's y is known (shared memory has no room to keep it)."""
         P = self.headdim
         per_row = THREADS // TILE
         s = tid // per_row
@@ -488,14 +489,13 @@ class SsdBackwardChunk:
             chunk = part * (chunks // per_row) + k
             dout = cute.zipped_divide(sm.G[s, None], (CHUNK,))[None, chunk]
             zs = cute.zipped_divide(sZ[s, None], (CHUNK,))[None, chunk].load().to(Float32)
-            ys = cute.zipped_divide(sY[s, None], (CHUNK,))[None, chunk].load().to(Float32)
             ds = dout.load().to(Float32)
             gated = cute.make_rmem_tensor((CHUNK,), Float32)
             dz = cute.make_rmem_tensor((CHUNK,), Float32)
             for e in cutlass.range_constexpr(CHUNK):
                 sig = sigmoid(zs[e])
                 gated[e] = ds[e] * zs[e] * sig
-                dz[e] = Float32(cutlass.select_(inside, ds[e] * ys[e] * sig * (Float32(1.0) + zs[e] * (Float32(1.0) - sig)),
+                dz[e] = Float32(cutlass.select_(inside, ds[e] * sig * (Float32(1.0) + zs[e] * (Float32(1.0) - sig)),
                                                 Float32(0.0)))
             dout.store(gated.load().to(io_type))
             if s < rows:
@@ -574,7 +574,7 @@ class SsdBackwardChunk:
             s_dot[cute.arch.warp_idx()] = dot
 
     @cute.jit
-    def _run(self, a, t, sm, mma, acc_dx, row, h, blk, s0, s1, rows, tid,
+    def _run(self, a, t, sm, mma, acc_dx, acc_y, row, h, blk, s0, s1, rows, tid,
              io_type: cutlass.Constexpr):
         """One sequence run [s0, s1) of the block, its states in shared memory: its entries of S and W (into shared
         memory) with their row and column sums, and the products with the states entering (h₀) and leaving
@@ -680,9 +680,10 @@ class SsdBackwardChunk:
                     dX[r, c] = dX[r, c] + delta_i * u
                     T_[r, c] = u * x_pair[half]
         _row_sums(T_, coords_p, parts[2, warp_id, None], lane)
-        # y0 = e ⊙ C·h₀ᵀ on the run's rows: row sums of G ⊙ y0
+        # y0 = e ⊙ C·h₀ᵀ on the run's rows (y's share from the entering state): row sums of G ⊙ y0
         tmp.fill(0.0)
         mma.gemm(tmp, sm.C, sm.h0, N // 16)
+        Y = mn_view(acc_y)
         for r in cutlass.range_constexpr(cute.size(T_, mode=[0])):
             i = coords_p[r, 0][0]
             f = Float32(cutlass.select_((i >= s0) & (i < s1),
@@ -690,16 +691,18 @@ class SsdBackwardChunk:
             for n in cutlass.range_constexpr(cute.size(T_, mode=[1]) // 2):
                 g_pair = G_rows[r, (None, n)].load().to(Float32)
                 for half in cutlass.range_constexpr(2):
-                    T_[r, 2 * n + half] = f * T_[r, 2 * n + half] * g_pair[half]
+                    y0 = f * T_[r, 2 * n + half]
+                    Y[r, 2 * n + half] = Y[r, 2 * n + half] + y0
+                    T_[r, 2 * n + half] = y0 * g_pair[half]
         _row_sums(T_, coords_p, parts[1, warp_id, None], lane)
         # dB += (w ⊙ x)·dh_end ; dC += (e ⊙ G)·h₀
         _accumulate(mma, sm.dB[tid, None], sXw, transposed(sm.dh, P, N), P // 16, b_transposed=True)
         _accumulate(mma, sm.dC[tid, None], sGe, transposed(sm.h0, P, N), P // 16, b_transposed=True)
 
     @cute.jit
-    def _finish(self, a, t, sm, mma, acc_dx, row, h, has_next, head_dt, blk, block_start, rows, tid,
+    def _finish(self, a, t, sm, mma, acc_dx, acc_y, row, h, has_next, head_dt, blk, block_start, rows, tid,
                 io_type: cutlass.Constexpr):
-        """The head's products with S and V, dx, ddt and the partial sums; returns the next head's dt (warp 0)."""
+        """The head's products with S and V, dx, dz, ddt and the partial sums; returns the next head's dt (warp 0)."""
         P, N = self.headdim, self.d_state
         warp_id = cute.arch.warp_idx()
         lane = cute.arch.lane_idx()
@@ -737,6 +740,8 @@ class SsdBackwardChunk:
                                                        zero))
         # staged in shared memory, written in 16-byte row vectors after the barrier below
         store_pairs(dX, mn_view(mma.thr.partition_C(sm.dx)), io_type)
+        if a.has_z != 0:
+            self._dz(t, sm, mma, acc_y, row, h, blk, rows)
         # dB += Vᵀ·C ; dC += V·B
         _accumulate(mma, sm.dB[tid, None], transposed(sm.V, TILE, TILE), transposed(sm.C, TILE, N), TILE // 16,
                     a_transposed=True, b_transposed=True)
@@ -755,6 +760,27 @@ class SsdBackwardChunk:
                 total = total + sm.dD_slices[k * P + p]
             partials[row, blk, h, p] = total
         return raw0, raw1, bias, A_next
+
+    @cute.jit
+    def _dz(self, t, sm, mma, acc_y, row, h, blk, rows):
+        """dz = y ⊙ (dout ⊙ silu'(z)), the factor as _gate left it in dz, with y = S·x + y0 + D ⊙ x the forward's
+        output before the gate (y0, the entering states' share, summed by the runs into acc_y)."""
+        P = self.headdim
+        mma.gemm(acc_y, sm.S, transposed(sm.x, TILE, P), TILE // 16, b_transposed=True)
+        Y = mn_view(acc_y)
+        coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P))))
+        x_rows = mn_view(mma.thr.partition_C(sm.x))
+        dz_rows = mn_view(mma.thr.partition_C(cute.local_tile(t.dz[row, None, h, None], (TILE, P), (blk, 0))))
+        dz_pair = cute.make_rmem_tensor((2,), t.dz.element_type)
+        for r in cutlass.range_constexpr(cute.size(Y, mode=[0])):
+            if coords[r, 0][0] < rows:
+                for n in cutlass.range_constexpr(cute.size(Y, mode=[1]) // 2):
+                    x_pair = x_rows[r, (None, n)].load().to(Float32)
+                    factor = dz_rows[r, (None, n)].load().to(Float32)
+                    for half in cutlass.range_constexpr(2):
+                        y = Y[r, 2 * n + half] + sm.D[coords[0, 2 * n + half][1]] * x_pair[half]
+                        dz_pair[half] = (y * factor[half]).to(t.dz.element_type)
+                    dz_rows[r, (None, n)].store(dz_pair.load())
 
     @cute.jit
     def _dD_slices(self, sm, tid):

@@ -71,13 +71,19 @@ def test_valid_call_binds_four_launches():
     assert ws is not None
 
 
-def test_without_z_the_recompute_is_one_states_only_pass():
-    (family, forward), *_ = steps(**bwd_args(z=None, dz=None))
-    assert family == "ssd_fwd" and forward.params["states_only"] == 1 and forward.params["has_chunk_states"] == 1
+@pytest.mark.parametrize("gated", [False, True])
+def test_without_packed_sequences_the_recompute_is_one_states_only_pass(gated):
+    # (the chunk pass recomputes y for dz itself)
+    (family, forward), (second, _), *_ = steps(**bwd_args(**({} if gated else {"z": None, "dz": None})))
+    assert family == "ssd_fwd" and second == "ssd_bwd_dstates"
+    assert forward.params["states_only"] == 1 and forward.params["has_chunk_states"] == 1
     assert forward.params["segments"] == 1 and forward.params["seqlen"] == L
     assert forward.params["has_final_states"] == 0 and [a.name for a in forward.outputs] == ["chunk_states"]
-    (_, with_z), *_ = steps(**bwd_args())  # y is read for dz: the forward with its outputs
-    assert with_z.params["states_only"] == 0 and "out" in [a.name for a in with_z.outputs]
+    # packed sequences: the whole forward (the states-only walk does not follow sequence changes)
+    packed = steps(**bwd_args(seq_idx=fake_array(0x7f000000, (BATCH, L), "int32"), initial_states=None,
+                              dfinal_states=None, dinitial_states=None))
+    (_, whole), *_ = packed
+    assert whole.params["states_only"] == 0 and "out" in [a.name for a in whole.outputs]
 
 
 def test_head_splits_only_when_too_few_ctas():

@@ -36,14 +36,14 @@ four launches). There are no gradients for ``ssd_fwd``'s ``chunk_states`` or fin
 
 Steps (launches on one stream, in order; everything validated before the first):
 
-1. ``ssd_fwd`` recomputes the forward with ``chunk_size`` 64: the state after every 64-token block
-   (``workspace.states``) and y before the z gate (``workspace.y``); split along L as a forward call would be
-   (plans/ssd_fwd.py: two launches, the entering states among ``workspace.states``). y is read only for dz: without
-   z (and without packed sequences) the recompute is one states-only pass (the states alone, no y);
+1. ``ssd_fwd`` recomputes the state after every 64-token block (``workspace.states``, ``chunk_size`` 64) in one
+   states-only pass (no outputs); with packed sequences, which that walk does not follow, it runs the whole forward
+   instead, split along L as a forward call would be (plans/ssd_fwd.py), its y going unread to ``workspace.y``;
 2. ``ssd_bwd_dstates`` walks each sequence backwards: the state gradient after every block (``workspace.dstates``)
    and ``dinitial_states``;
-3. ``ssd_bwd_chunk``, one CTA per (64-token block, group, row, head split): dx, ddt, dz, dB, dC and per-block
-   partial sums (``workspace.partials``). A group's heads are split over several CTAs (``head_splits``, see
+3. ``ssd_bwd_chunk``, one CTA per (64-token block, group, row, head split): dx, ddt, dz (from y, which it
+   recomputes from its own S, the entering states and D), dB, dC and per-block partial sums
+   (``workspace.partials``). A group's heads are split over several CTAs (``head_splits``, see
    :func:`head_splits`) when (block, group, row) alone would leave most of the GPU idle; each split then writes its
    share of dB and dC (``workspace.group_grads``) instead of dB and dC;
 4. ``ssd_bwd_reduce``, one CTA per head: dA, dD, ddt_bias; with head splits, more CTAs add the shares of dB and dC.
@@ -67,7 +67,7 @@ from ..validation import (BoundCall, check_call, expect_dtype, expect_given, exp
 from .base import CompositePlan, LaunchPlan
 from .ssd_fwd import (BLOCK, IO_DTYPES, SsdForwardPlan, expect_vector_operand, expect_workspace, split_call,
                       states_only_call)
-from .ssm_inputs import SSM_STRIDES, expect_groups
+from .ssm_inputs import SSM_INPUT_STRIDES, expect_groups
 
 ALIGN = 256        # bytes: alignment of each workspace region
 PARTIAL_EXTRA = 2  # partials[..., P] = dA, [..., P + 1] = ddt_bias
@@ -143,11 +143,11 @@ class SsdBackwardChunkPlan(_StepPlan):
     family = "ssd_bwd_chunk"
     grid_rule = "seqlen/64,groups*head_splits,batch"
     param_names = (
-        ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "out", "dout", "dx", "ddt", "dB", "dC", "dz",
+        ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "dout", "dx", "ddt", "dB", "dC", "dz",
          "initial_states", "initial_state_indices", "states", "dfinal_states", "dstates", "partials", "group_grads",
          "seq_idx", "cu_seqlens",
          "batch", "seqlen", "nheads", "heads_per_group", "head_splits", "num_seqs", "num_initial_slots", "nblocks")
-        + SSM_STRIDES
+        + SSM_INPUT_STRIDES
         + stride_names("dout", "batch", "seqlen", "head") + stride_names("dx", "batch", "seqlen", "head")
         + stride_names("ddt", "batch", "seqlen", "head") + stride_names("dB", "batch", "seqlen", "group")
         + stride_names("dC", "batch", "seqlen", "group") + stride_names("dz", "batch", "seqlen", "head")
@@ -317,18 +317,18 @@ class SsdBackwardPlan(CompositePlan):
             outputs=tuple([dstates] + ([dinitial_states] if dinitial_states is not None else [])))
 
         # 3. the per-block gradients (with head splits: dB and dC as each split's share in group_grads)
-        states, partials, y = views["states"], views["partials"], views["out"]
+        states, partials = views["states"], views["partials"]
         group_grads = views.get("group_grads")
         splits = {"head_splits": ws.head_splits}
         if group_grads is not None:
             splits["group_grads"] = group_grads.ptr
             record_strides(splits, group_grads, GROUP_GRADS_DIMS)
         null_absent(splits, SsdBackwardChunkPlan.param_names, ("group_grads",))
-        cp = {name: fp[name] for name in SsdBackwardChunkPlan.param_names if name in fp and name != "out"}
-        cp.update(common, **packing, **splits, out=y.ptr, dout=dout.ptr, dx=dx.ptr, ddt=ddt.ptr, dB=dB.ptr, dC=dC.ptr,
+        cp = {name: fp[name] for name in SsdBackwardChunkPlan.param_names if name in fp}
+        cp.update(common, **packing, **splits, dout=dout.ptr, dx=dx.ptr, ddt=ddt.ptr, dB=dB.ptr, dC=dC.ptr,
                   states=states.ptr, dstates=dstates.ptr, partials=partials.ptr, has_z=int(z is not None),
                   has_dfinal_states=int(dfinal_states is not None))
-        for arr, dims in ((y, ("batch", "seqlen", "head")), (dout, ("batch", "seqlen", "head")),
+        for arr, dims in ((dout, ("batch", "seqlen", "head")),
                           (dx, ("batch", "seqlen", "head")), (ddt, ("batch", "seqlen", "head")),
                           (dB, ("batch", "seqlen", "group")), (dC, ("batch", "seqlen", "group")),
                           (states, ("batch", "block", "head")), (dstates, ("batch", "block", "head")),
@@ -345,7 +345,7 @@ class SsdBackwardPlan(CompositePlan):
             constants={"headdim": headdim, "d_state": d_state, "io_dtype": io,
                        "state_dtype": forward.constants["state_dtype"]},
             grid=(nblocks, G * ws.head_splits, batch), params=cp,
-            inputs=tuple(forward.inputs) + tuple(a for a in (z, y, dout, states, dstates, dfinal_states)
+            inputs=tuple(forward.inputs) + tuple(a for a in (z, dout, states, dstates, dfinal_states)
                                                  if a is not None),
             outputs=tuple(a for a in (dx, ddt, dB, dC, dz, partials, group_grads) if a is not None))
 
@@ -381,9 +381,9 @@ class SsdBackwardPlan(CompositePlan):
         written = (dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states, workspace)
         check_call(BoundCall({}, (1, 1, 1), {}, tuple(a for a in read if a is not None),
                              tuple(a for a in written if a is not None)))
-        # y is read only for dz: without z the recompute is the states-only walk alone (one pass, no outputs),
-        # where it can run one (no packed sequences)
-        if z is None and seq_idx is None and cu_seqlens is None:
+        # the chunk pass computes y itself (for dz): the recompute is the states-only walk alone (one pass, no
+        # outputs) where it can run one (no packed sequences)
+        if seq_idx is None and cu_seqlens is None:
             recompute = [states_only_call(forward)]
         else:
             recompute = split_call(forward, None)

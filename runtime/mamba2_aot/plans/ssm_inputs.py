@@ -7,12 +7,12 @@ from typing import NamedTuple
 from ..errors import ShapeError
 from ..validation import expect_dtype, expect_rank, expect_shape, null_absent, record_strides, stride_names
 
-# The kernels' abi.ssm_strides(), name for name.
-SSM_STRIDES = (stride_names("x", "batch", "seqlen", "head") + stride_names("dt", "batch", "seqlen", "head")
-               + stride_names("A", "head") + stride_names("B", "batch", "seqlen", "group")
-               + stride_names("C", "batch", "seqlen", "group") + stride_names("D", "head", "dim")
-               + stride_names("z", "batch", "seqlen", "head") + stride_names("dt_bias", "head")
-               + stride_names("out", "batch", "seqlen", "head"))
+# The kernels' abi.ssm_input_strides() and abi.ssm_strides(), name for name.
+SSM_INPUT_STRIDES = (stride_names("x", "batch", "seqlen", "head") + stride_names("dt", "batch", "seqlen", "head")
+                     + stride_names("A", "head") + stride_names("B", "batch", "seqlen", "group")
+                     + stride_names("C", "batch", "seqlen", "group") + stride_names("D", "head", "dim")
+                     + stride_names("z", "batch", "seqlen", "head") + stride_names("dt_bias", "head"))
+SSM_STRIDES = SSM_INPUT_STRIDES + stride_names("out", "batch", "seqlen", "head")
 
 
 class SsmShape(NamedTuple):
