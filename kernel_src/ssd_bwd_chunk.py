@@ -11,7 +11,7 @@ G = dout ⊙ silu(z)::
     V_ij = Q_ij e^(Λ_i - Λ_j) Δ_j [s0 <= j <= i < s1]     (W without the factor C_i·B_j)
     e_i  = e^(Λ_i - Λ_base)      w_j = e^(Λ_end - Λ_j) Δ_j     U_j = e^(Λ_end - Λ_j) · dh_end·B_j   (P)
 
-    dx  = Sᵀ·G + Δ ⊙ U + D ⊙ G                      dz = dout ⊙ y ⊙ silu'(z)    (y = the forward's output before z)
+    dx  = Sᵀ·G + Δ ⊙ U + D ⊙ G                      dz = dout ⊙ y ⊙ silu'(z),   y = S·x + y0 + D ⊙ x
     dB  = Σ_heads of the group [Vᵀ·C + (w ⊙ x)·dh_end]     dC = Σ_heads [V·B + (e ⊙ G)·h₀]
     dΔ_j (direct) = Σ_i M_ij Q_ij + x_j·U_j
     dΛ_i = Σ_j W_ij - Σ_k W_ki + G_i·y0_i - Δ_i x_i·U_i + [i = s1 - 1] (e^(Λ_end - Λ_base)⟨dh_end, h₀⟩ + Σ_j Δ_j x_j·U_j)
