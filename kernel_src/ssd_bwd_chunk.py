@@ -27,7 +27,7 @@ result is bitwise reproducible. When that gives too few CTAs to fill the GPU, th
 add in split order. Per-(block, head) partial sums of dD (per P column), dA and ddt_bias go to ``partials`` and
 are summed in a fixed order by ``ssd_bwd_reduce``. The products are bf16 / fp16 MMAs with fp32
 accumulation (wgmma on sm_90a, warp MMAs elsewhere; operands rounded as the forward rounds them); everything per
-row and the sums are fp32.
+row and the sums are fp32, but for dz's factor dout ⊙ silu'(z), rounded to the I/O dtype while it waits in dz.
 """
 
 # (no "from __future__ import annotations": cute.struct reads its field annotations as live objects)
@@ -375,8 +375,9 @@ class SsdBackwardChunk:
         if a.has_z != 0:
             load_tile(g2s, thr, t.z[row, None, h, None], ident_x, sZ, (TILE, P), (blk, 0), L)
         cute.arch.cp_async_commit_group()
-        if has_next & (tid == 2 * 32):
-            self._prefetch_states(a, t, row, h + 1, blk)
+        if cutlass.const_expr(self.target_arch != "sm_80"):  # (bulk prefetches: sm_90 and later)
+            if has_next & (tid == 2 * 32):
+                self._prefetch_states(a, t, row, h + 1, blk)
         if warp_id == 0:
             self._scan_head(a, sm, head_dt, lane)
         # the first run's states are loaded while the tiles are in flight (later runs load theirs in turn)

@@ -91,7 +91,6 @@ class SsdBackwardStates:
     def min_ctas_per_sm(self):
         return 3 if self._warpgroup_mma() else 1
 
-
     @cute.kernel
     def kernel(self, args: tuple):
         a = bind(self.params(), args)

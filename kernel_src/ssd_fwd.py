@@ -100,7 +100,6 @@ class SsdForward:
     def min_ctas_per_sm(self):
         return 2 if self._warpgroup_mma() else 1
 
-
     def _scratch_floats(self):
         """One buffer holds S and the weighted x while the products run, then y (fp32)."""
         operands = (TILE * TILE + TILE * P_TILE) * 2

@@ -107,8 +107,8 @@ for mode, extra in (("update", {}), ("snapshot", {"snapshot_indices": snapshots}
     runtime.launch("verify", mode=mode, state=pool, out=torch.empty_like(x), conv_state=conv_pool, xBC=xBC,
                    tickets=fused_tickets, **conv, **ssm, **requests, **extra)
 
-# ssd_bwd: a partial last block, every option, then without z (the states-only recompute), then packed sequences
-# starting inside blocks (both forms)
+# ssd_bwd: a partial last block, every option (the states-only recompute), then without z, then packed sequences
+# starting inside blocks (both forms: the whole forward recomputed)
 def backward(L, G_, packing=None, num_seqs=1, gated=True):
     f = dict(x=torch.randn(1, L, H, P, device=dev).bfloat16(), dt=torch.randn(1, L, H, device=dev).bfloat16(),
              A=-torch.rand(H, device=dev), B=torch.randn(1, L, G_, N, device=dev).bfloat16(),

@@ -46,7 +46,7 @@ def test_valid_call_binds_four_launches():
         assert set(call.params) == set(PLANS[family].param_names), family
     forward, states, chunk, reduce = (call for _, call in bound)
     assert forward.params["chunk_size"] == 64 and forward.params["has_chunk_states"] == 1
-    assert forward.params["has_z"] == 0  # the recomputed y is taken before the gate
+    assert forward.params["has_z"] == 0 and forward.params["states_only"] == 1  # (the chunk pass computes y)
     # 20 (block, group, row) CTAs: each group's 4 heads split over 4 CTAs, and the reduce adds their dB / dC shares
     splits = H // G
     group_sum_ctas = -(-BATCH * L * G * N // 1024)

@@ -27,18 +27,18 @@ dinitial_states    (num_seqs, H, P, N) / None  fp32    written: gradient of each
 workspace          (n,) with n >= size / 4     fp32    scratch; ``workspace_size("ssd_bwd", x=x, B=B)`` bytes
 =================  ==========================  ======  =============================================================
 
-State blocks (num_seqs, H, P, N) are contiguous P × N matrices per (sequence, head). num_seqs is batch, the
-sequences of cu_seqlens, or with seq_idx (batch 1) the first dim of the state arrays given (rows of
-dinitial_states for sequences a seq_idx row does not contain are not written). dx, ddt and dz are zero on rows
-outside every cu_seqlens sequence; dout must be finite there. Nothing is accumulated into: every gradient is
-overwritten. No gradient, and not the workspace, may overlap an input or another output (checked across the
-four launches). There are no gradients for ``ssd_fwd``'s ``chunk_states`` or final-state pools.
+State blocks (num_seqs, H, P, N) are contiguous P × N matrices per (sequence, head). num_seqs is batch, the sequences
+of cu_seqlens, or with seq_idx (batch 1) the first dim of the state arrays given (rows of dinitial_states for
+sequences a seq_idx row does not contain are not written). dx, ddt and dz are zero on rows outside every cu_seqlens
+sequence; dout, x, B and C must be finite there. Nothing is accumulated into: every gradient is overwritten. No
+gradient, and not the workspace, may overlap an input or another output (checked across the four launches). There are
+no gradients for ``ssd_fwd``'s ``chunk_states`` or final-state pools.
 
 Steps (launches on one stream, in order; everything validated before the first):
 
 1. ``ssd_fwd`` recomputes the state after every 64-token block (``workspace.states``, ``chunk_size`` 64) in one
    states-only pass (no outputs); with packed sequences, which that walk does not follow, it runs the whole forward
-   instead, split along L as a forward call would be (plans/ssd_fwd.py), its y going unread to ``workspace.y``;
+   instead (one launch: packed calls are not split), its y going unread to the workspace's ``out`` region;
 2. ``ssd_bwd_dstates`` walks each sequence backwards: the state gradient after every block (``workspace.dstates``)
    and ``dinitial_states``;
 3. ``ssd_bwd_chunk``, one CTA per (64-token block, group, row, head split): dx, ddt, dz (from y, which it
@@ -65,8 +65,7 @@ from ..tensors import DeviceArray, ITEMSIZE, as_device_array
 from ..validation import (BoundCall, check_call, expect_dtype, expect_given, expect_rank, expect_shape,
                           expect_complete, expect_state_blocks, null_absent, record_strides, stride_names)
 from .base import CompositePlan, LaunchPlan
-from .ssd_fwd import (BLOCK, IO_DTYPES, SsdForwardPlan, expect_vector_operand, expect_workspace, split_call,
-                      states_only_call)
+from .ssd_fwd import BLOCK, IO_DTYPES, SsdForwardPlan, expect_vector_operand, expect_workspace, states_only_call
 from .ssm_inputs import SSM_INPUT_STRIDES, expect_groups
 
 ALIGN = 256        # bytes: alignment of each workspace region
@@ -235,8 +234,7 @@ class SsdBackwardPlan(CompositePlan):
         expect_workspace(workspace, "ssd_bwd", ws.size)
         views = ws.views(workspace)
 
-        # 1. the forward, recomputed: its validation is the forward's own (and so is its split along L, which
-        # leaves the entering states among the recomputed states)
+        # 1. the forward, recomputed: its validation is the forward's own
         forward = SsdForwardPlan().bind(
             x=x, dt=dt, A=A, B=B, C=C, out=views["out"], chunk_size=BLOCK, D=D, dt_bias=dt_bias,
             dt_softplus=dt_softplus, dt_limit=dt_limit, initial_states=initial_states,
@@ -383,9 +381,7 @@ class SsdBackwardPlan(CompositePlan):
                              tuple(a for a in written if a is not None)))
         # the chunk pass computes y itself (for dz): the recompute is the states-only walk alone (one pass, no
         # outputs) where it can run one (no packed sequences)
-        if seq_idx is None and cu_seqlens is None:
-            recompute = [states_only_call(forward)]
-        else:
-            recompute = split_call(forward, None)
+        # (a forward with packed sequences is never split)
+        recompute = [states_only_call(forward) if seq_idx is None and cu_seqlens is None else forward]
         return ([("ssd_fwd", step) for step in recompute]
                 + [("ssd_bwd_dstates", states_call), ("ssd_bwd_chunk", chunk_call), ("ssd_bwd_reduce", reduce_call)])

@@ -266,7 +266,7 @@ def _entering_state_bytes(batch: int, nheads: int, headdim: int, d_state: int) -
 def states_only_call(call: BoundCall) -> BoundCall:
     """``call`` as one states-only launch over its whole length: its chunk_states, and nothing else (no out, no
     final states). For calls that ask for chunk_states and pack no sequences (the states-only walk does not follow
-    sequence changes): ssd_bwd's recompute when it needs no y."""
+    sequence changes): ssd_bwd's recompute."""
     p = call.params
     assert p["has_chunk_states"] and not (p["has_seq_idx"] or p["has_cu_seqlens"]), "not a states-only call"
     return call._replace(params=_states_only(p), outputs=tuple(a for a in call.outputs if a.name == "chunk_states"))
