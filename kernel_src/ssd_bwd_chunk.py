@@ -435,7 +435,8 @@ class SsdBackwardChunk:
         """Head h's states of the block (the workspace's h₀ and dh_end, what a run continuing a sequence and ending
         at the block's end reads) into L2, while the head before it runs: its prologue then waits on L2, not HBM."""
         P, N = self.headdim, self.d_state
-        for block in (t.states[row, cute.math.max(blk - 1, Int32(0)), h, None, None], t.dstates[row, blk, h, None, None]):
+        for block in (t.states[row, cute.math.max(blk - 1, Int32(0)), h, None, None],
+                      t.dstates[row, blk, h, None, None]):
             cp_async_bulk_prefetch(block.iterator, P * N * (block.element_type.width // 8))
 
     @cute.jit
@@ -823,10 +824,9 @@ class SsdBackwardChunk:
         # 2·lane + 1 of each)
         warp_id = cute.arch.warp_idx()
         lane = cute.arch.lane_idx()
-        at_even = [(warp_id * (TILE // WARPS) + k) * TILE + ((warp_id * (TILE // WARPS) + k + 2 * lane) % TILE)
-                   for k in range(TILE // WARPS)]
-        at_odd = [(warp_id * (TILE // WARPS) + k) * TILE + ((warp_id * (TILE // WARPS) + k + 2 * lane + 1) % TILE)
-                  for k in range(TILE // WARPS)]
+        warp_rows = [warp_id * (TILE // WARPS) + k for k in range(TILE // WARPS)]
+        at_even = [i * TILE + ((i + 2 * lane) % TILE) for i in warp_rows]
+        at_odd = [i * TILE + ((i + 2 * lane + 1) % TILE) for i in warp_rows]
         evens = [w_tile[at] for at in at_even]
         inclusive = warp_inclusive_scans([even + w_tile[at] for even, at in zip(evens, at_odd)], lane)
         for k in cutlass.range_constexpr(TILE // WARPS):

@@ -12,11 +12,11 @@ so with G = dout ⊙ silu(z) (dout where there is no z), the gradient of the los
 
 One CTA owns one (64-row slice of P, head, sequence source), like the forward, and walks its blocks and runs
 backwards carrying dh (fp32, in the MMA accumulators): at a sequence's last token dh starts from
-``dfinal_states`` (zero if absent); after the block's last token it is stored to ``dstates[row, block]`` in the I/O
-dtype (the gradient of the state the forward stores in its 64-token ``chunk_states``; ssd_bwd_chunk's products take
-it in that dtype, and half the bytes of fp32 cross HBM); at a sequence's first token it is
-that sequence's ``dinitial_states``. The product (e ⊙ G)ᵀ·C is a bf16 / fp16 MMA with fp32 accumulation: wgmma on sm_90a up to N = 128, warp MMAs
-elsewhere.
+``dfinal_states`` (zero if absent); after the block's last token it is stored to ``dstates[row, block]`` in the
+I/O dtype (the gradient of the state the forward stores in its 64-token ``chunk_states``; ssd_bwd_chunk's
+products take it in that dtype, and half the bytes of fp32 cross HBM); at a sequence's first token it is that
+sequence's ``dinitial_states``. The product (e ⊙ G)ᵀ·C is a bf16 / fp16 MMA with fp32 accumulation: wgmma on
+sm_90a up to N = 128, warp MMAs elsewhere.
 """
 
 # (no "from __future__ import annotations": cute.struct reads its field annotations as live objects)

@@ -73,7 +73,8 @@ def vec(stride):
 
 
 def pairs(stride):
-    """A stride the runtime checked to be even (fp32 states written an accumulator pair, 8 bytes, at a time)."""
+    """A stride the runtime checked (or the workspace layout makes) even: states written an accumulator pair at a
+    time (two values in one store)."""
     return cute.assume(stride, divby=2)
 
 

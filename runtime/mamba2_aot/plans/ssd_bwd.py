@@ -379,9 +379,8 @@ class SsdBackwardPlan(CompositePlan):
         written = (dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states, workspace)
         check_call(BoundCall({}, (1, 1, 1), {}, tuple(a for a in read if a is not None),
                              tuple(a for a in written if a is not None)))
-        # the chunk pass computes y itself (for dz): the recompute is the states-only walk alone (one pass, no
-        # outputs) where it can run one (no packed sequences)
-        # (a forward with packed sequences is never split)
+        # the chunk pass computes y itself (for dz): the recompute is the states-only walk (one pass, no outputs),
+        # or with packed sequences, which it does not follow, the whole forward (never split for them)
         recompute = [states_only_call(forward) if seq_idx is None and cu_seqlens is None else forward]
         return ([("ssd_fwd", step) for step in recompute]
                 + [("ssd_bwd_dstates", states_call), ("ssd_bwd_chunk", chunk_call), ("ssd_bwd_reduce", reduce_call)])
