@@ -12,7 +12,7 @@ G = dout ⊙ silu(z)::
     e_i  = e^(Λ_i - Λ_base)      w_j = e^(Λ_end - Λ_j) Δ_j     U_j = e^(Λ_end - Λ_j) · dh_end·B_j   (P)
 
     dx  = Sᵀ·G + Δ ⊙ U + D ⊙ G                      dz = dout ⊙ y ⊙ silu'(z),   y = S·x + y0 + D ⊙ x
-    dB  = Σ_heads of the group [Vᵀ·C + (w ⊙ x)·dh_end]     dC = Σ_heads [V·B + (e ⊙ G)·h₀]
+    dB  = (Σ_heads V)ᵀ·C + Σ_heads (w ⊙ x)·dh_end      dC = (Σ_heads V)·B + Σ_heads (e ⊙ G)·h₀    (the group's heads)
     dΔ_j (direct) = Σ_i M_ij Q_ij + x_j·U_j
     dΛ_i = Σ_j W_ij - Σ_k W_ki + G_i·y0_i - Δ_i x_i·U_i + [i = s1 - 1] (e^(Λ_end - Λ_base)⟨dh_end, h₀⟩ + Σ_j Δ_j x_j·U_j)
     da_k = Σ_{i >= k in the run} dΛ_i ;  dΔ = dΔ (direct) + A·da ;  dA += Σ Δ·da ;  ddt = dΔ · dΔ/d(dt)
@@ -20,8 +20,9 @@ G = dout ⊙ silu(z)::
 with y0_i = e_i · h₀·C_i (the entering state's share of y). ddt goes through dt_limit (zero gradient where
 clamped, as torch.clamp) and softplus (sigmoid; the identity above 20). dD and ddt_bias are sums over tokens.
 
-One CTA owns one (64-token block, group, row) and walks the heads of its group, adding each head's dB and dC to
-fp32 accumulators parked in shared memory: every gradient is written by exactly one CTA, in a fixed order, so the
+One CTA owns one (64-token block, group, row) and walks the heads of its group, adding each head's state terms of
+dB and dC and its V to fp32 accumulators parked in shared memory (the V products follow the last head, once, with
+Σ V rounded to the I/O dtype): every gradient is written by exactly one CTA, in a fixed order, so the
 result is bitwise reproducible. When that gives too few CTAs to fill the GPU, the group's heads are split over
 ``head_splits`` CTAs, each writing its share of dB and dC in fp32 to ``group_grads`` for ``ssd_bwd_reduce`` to
 add in split order. Per-(block, head) partial sums of dD (per P column), dA and ddt_bias go to ``partials`` and
@@ -179,24 +180,34 @@ class SsdBackwardChunk:
         fence_operands(mma)  # (wgmma reads the tiles through the async proxy)
         cute.arch.sync_threads()
 
-        # C·Bᵀ is the same for every head of the group: kept in shared memory, each thread's fragment in its share
-        _accumulate(mma, sm.fragments[0, tid, None], sm.C, sm.B, N // 16, fresh=True)
-        # dB and dC of the group: fp32 accumulators parked in shared memory between their products
+        # dB and dC of the group, and the sum of the heads' V: fp32 accumulators parked in shared memory
         acc = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, N)), Float32)
         acc.fill(0.0)
         _park(acc, sm.dB[tid, None])
         _park(acc, sm.dC[tid, None])
+        v_sum = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
+        v_sum.fill(0.0)
+        _park(v_sum, sm.V_sum[tid, None])
         first_head = g * a.heads_per_group + split * heads_per_split
         head_dt = self._load_head_dt(a, t, sm, row, first_head, block_start, cute.arch.lane_idx())
         for k in range(heads_per_split):
             head_dt = self._head(a, t, sm, mma, g2s, row, first_head + k, k + 1 < heads_per_split, head_dt, blk,
                                  block_start, rows, tid, io_type)
 
+        # Σ_heads Vᵀ·C = (Σ_heads V)ᵀ·C and Σ_heads V·B = (Σ_heads V)·B: the V products once, with the sum rounded
+        # to the I/O dtype into S's tile (free after the last head)
+        _unpark(v_sum, sm.V_sum[tid, None])
+        store_pairs(mn_view(v_sum), mn_view(mma.thr.partition_C(sm.S)), io_type)
+        fence_operands(mma)
+        cute.arch.sync_threads()
         # dB and dC, or with the group's heads split over CTAs this split's fp32 share (ssd_bwd_reduce adds them)
         coords = mma.thr.partition_C(cute.make_identity_tensor((TILE, N)))
         shares = t.group_grads
-        for which, grad, parked in ((0, t.dB, sm.dB), (1, t.dC, sm.dC)):
+        dB_with_V = (t.dB, sm.dB, transposed(sm.S, TILE, TILE), True, transposed(sm.C, TILE, N))   # += Vᵀ·C
+        dC_with_V = (t.dC, sm.dC, sm.S, False, transposed(sm.B, TILE, N))                          # += V·B
+        for which, (grad, parked, v_tile, v_transposed, other) in enumerate((dB_with_V, dC_with_V)):
             _unpark(acc, parked[tid, None])
+            mma.gemm(acc, v_tile, other, TILE // 16, a_transposed=v_transposed, b_transposed=True)
             if a.head_splits == 1:
                 for e in cutlass.range_constexpr(cute.size(acc)):
                     i = coords[e][0]
@@ -225,8 +236,7 @@ class SsdBackwardChunk:
             gated: cute.struct.Align[cute.struct.MemRange[io_type, TILE * P], SMEM_ALIGN]   # dout, then G
             # z while G is computed, then the run's (w ⊙ x) and (e ⊙ G)
             scaled: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * P], SMEM_ALIGN]
-            S: cute.struct.Align[cute.struct.MemRange[io_type, TILE * TILE], SMEM_ALIGN]
-            V: cute.struct.Align[cute.struct.MemRange[io_type, TILE * TILE], SMEM_ALIGN]
+            S: cute.struct.Align[cute.struct.MemRange[io_type, TILE * TILE], SMEM_ALIGN]  # at the end, Σ_heads V
             # h₀ and dh_end of a run, then (fp32) W for the straddling sums
             states: cute.struct.Align[cute.struct.MemRange[io_type, 2 * P * N], SMEM_ALIGN]
             straddle: cute.struct.Align[cute.struct.MemRange[Float32, QUARTERS * TILE], SMEM_ALIGN]
@@ -247,8 +257,10 @@ class SsdBackwardChunk:
             run_start: cute.struct.Align[cute.struct.MemRange[Int32, TILE], SMEM_ALIGN]
             run_end: cute.struct.Align[cute.struct.MemRange[Int32, TILE], SMEM_ALIGN]
             masks: cute.struct.Align[cute.struct.MemRange[Int32, 5], SMEM_ALIGN]  # starts lo/hi, in lo/hi, continues
-            # C·Bᵀ and Q = G·xᵀ as MMA fragments, thread-major (registers are the scarce resource here)
-            fragments: cute.struct.Align[cute.struct.MemRange[Float32, 2 * TILE * TILE], SMEM_ALIGN]
+            # Q = G·xᵀ (then W) and the heads' sum of V as MMA fragments, thread-major (registers are the scarce
+            # resource here)
+            Q: cute.struct.Align[cute.struct.MemRange[Float32, TILE * TILE], SMEM_ALIGN]
+            V_sum: cute.struct.Align[cute.struct.MemRange[Float32, TILE * TILE], SMEM_ALIGN]
             dB: cute.struct.Align[cute.struct.MemRange[Float32, TILE * N], SMEM_ALIGN]   # the group's dB, parked
             dC: cute.struct.Align[cute.struct.MemRange[Float32, TILE * N], SMEM_ALIGN]
 
@@ -397,7 +409,6 @@ class SsdBackwardChunk:
                 d_value = t.D[h, tid]
             sD[tid] = d_value
         _zero(sm.S, tid)  # entries outside every run stay zero
-        _zero(sm.V, tid)
         cute.arch.cp_async_wait_group(0)
         fence_operands(mma)
         cute.arch.sync_threads()
@@ -412,7 +423,7 @@ class SsdBackwardChunk:
             fence_operands(mma)
             cute.arch.sync_threads()
 
-        _accumulate(mma, sm.fragments[1, tid, None], sm.G, sm.x, P // 16, fresh=True)   # Q = G·xᵀ
+        _accumulate(mma, sm.Q[tid, None], sm.G, sm.x, P // 16, fresh=True)   # Q = G·xᵀ
         self._dD_slices(sm, tid)
         acc_dx = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P)), Float32)
         acc_dx.fill(0.0)
@@ -613,8 +624,8 @@ class SsdBackwardChunk:
                 total = total + sm.dot[wi]
             s_last[s1 - 1] = cute.math.exp2(cute.math.min(cs_end - base, zero), fastmath=True) * total
 
-        # the run's entries of S = M Δ_j and V = (Q ⊙ the decay) Δ_j, the column sums of Q ⊙ M, and W = Q ⊙ M Δ_j in
-        # place of Q in the parked fragment (each entry belongs to at most one run)
+        # the run's entries of S = M Δ_j and V = (Q ⊙ the decay) Δ_j (added to the heads' sum), the column sums of
+        # Q ⊙ M, and W = Q ⊙ M Δ_j in place of Q in the parked fragment (each entry belongs to at most one run)
         warp_id = cute.arch.warp_idx()
         lane = cute.arch.lane_idx()
         parts = cute.make_tensor(sm.parts.iterator, cute.make_layout((PARTS, WARPS, TILE), stride=(WARPS * TILE, TILE, 1)))
@@ -622,13 +633,17 @@ class SsdBackwardChunk:
         frag = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
         cb = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
         stored = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
-        _unpark(cb, sm.fragments[0, tid, None])
-        _unpark(stored, sm.fragments[1, tid, None])
+        v_sum = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
+        # C·Bᵀ, the same for every head of the group: a product per run costs less than parking it
+        cb.fill(0.0)
+        mma.gemm(cb, sm.C, sm.B, N // 16)
+        _unpark(stored, sm.Q[tid, None])
+        _unpark(v_sum, sm.V_sum[tid, None])
         F = mn_view(frag)
         CB = mn_view(cb)
         St = mn_view(stored)
+        V = mn_view(v_sum)
         S_rows = mn_view(mma.thr.partition_C(sm.S))
-        V_rows = mn_view(mma.thr.partition_C(sm.V))
         columns = cute.size(F, mode=[1])
         cs_j = cute.make_rmem_tensor((columns,), Float32)
         delta_j = cute.make_rmem_tensor((columns,), Float32)
@@ -636,7 +651,6 @@ class SsdBackwardChunk:
             cs_j[c] = sm.cs[coords[0, c][1]]
             delta_j[c] = sm.delta[coords[0, c][1]]
         s_pair = cute.make_rmem_tensor((2,), io_type)
-        v_pair = cute.make_rmem_tensor((2,), io_type)
         for r in cutlass.range_constexpr(cute.size(F, mode=[0])):
             i = coords[r, 0][0]
             cs_i = sm.cs[i]
@@ -652,13 +666,13 @@ class SsdBackwardChunk:
                     F[r, c] = Float32(cutlass.select_(keep, m * q, zero))
                     St[r, c] = Float32(cutlass.select_(keep, m * q * delta_j[c], q))
                     s_pair[half] = Float32(cutlass.select_(keep, m * delta_j[c], zero)).to(io_type)
-                    v_pair[half] = Float32(cutlass.select_(keep, q * decay * delta_j[c], zero)).to(io_type)
+                    V[r, c] = V[r, c] + Float32(cutlass.select_(keep, q * decay * delta_j[c], zero))
                 # a run's row is written whole: its entries outside the run are zero (M is block-diagonal by run)
                 if row_in:
                     S_rows[r, (None, n)].store(s_pair.load())
-                    V_rows[r, (None, n)].store(v_pair.load())
         _column_sums(F, coords, parts[0, warp_id, None], lane)
-        _park(stored, sm.fragments[1, tid, None])
+        _park(stored, sm.Q[tid, None])
+        _park(v_sum, sm.V_sum[tid, None])
 
         # U = 2^(cs_end - cs_j) · B·dh_endᵀ on the run's rows: dx += Δ ⊙ U, row sums of x ⊙ U
         tmp = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P)), Float32)
@@ -704,8 +718,8 @@ class SsdBackwardChunk:
     @cute.jit
     def _finish(self, a, t, sm, mma, acc_dx, acc_y, row, h, has_next, head_dt, blk, block_start, rows, tid,
                 io_type: cutlass.Constexpr):
-        """The head's products with S and V, dx, dz, ddt and the partial sums; returns the next head's dt (warp 0)."""
-        P, N = self.headdim, self.d_state
+        """The head's products with S, dx, dz, ddt and the partial sums; returns the next head's dt (warp 0)."""
+        P = self.headdim
         warp_id = cute.arch.warp_idx()
         lane = cute.arch.lane_idx()
         zero = Float32(0.0)
@@ -744,10 +758,6 @@ class SsdBackwardChunk:
         store_pairs(dX, mn_view(mma.thr.partition_C(sm.dx)), io_type)
         if a.has_z != 0:
             self._dz(t, sm, mma, acc_y, row, h, blk, rows)
-        # dB += Vᵀ·C ; dC += V·B
-        _accumulate(mma, sm.dB[tid, None], transposed(sm.V, TILE, TILE), transposed(sm.C, TILE, N), TILE // 16,
-                    a_transposed=True, b_transposed=True)
-        _accumulate(mma, sm.dC[tid, None], sm.V, transposed(sm.B, TILE, N), TILE // 16, b_transposed=True)
 
         # every warp done with the head's tiles: the others start the next head while warp 1 finishes this one
         cute.arch.sync_threads()
@@ -809,7 +819,7 @@ class SsdBackwardChunk:
         w_tile = cute.make_tensor(cute.recast_ptr(sm.states.iterator, dtype=Float32), cute.make_layout((TILE * TILE,)))
         coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, TILE))))
         stored = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
-        _unpark(stored, sm.fragments[1, tid, None])
+        _unpark(stored, sm.Q[tid, None])
         St = mn_view(stored)
         for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
             i = coords[r, 0][0]
@@ -919,7 +929,6 @@ class Shared:
         self.G = storage.gated.get_tensor(smem_layout((TILE, P)))
         self.scaled = storage.scaled.get_tensor(cute.make_layout((2 * TILE * P,)))
         self.S = storage.S.get_tensor(smem_layout((TILE, TILE)))
-        self.V = storage.V.get_tensor(smem_layout((TILE, TILE)))
         self.states = storage.states.get_tensor(cute.make_layout((2 * P * N,)))
         self.h0 = cute.make_tensor(self.states.iterator, smem_layout((P, N)))
         self.dh = cute.make_tensor(self.states.iterator + P * N, smem_layout((P, N)))
@@ -937,11 +946,10 @@ class Shared:
         self.run_start = storage.run_start.get_tensor(cute.make_layout((TILE,)))
         self.run_end = storage.run_end.get_tensor(cute.make_layout((TILE,)))
         self.masks = storage.masks.get_tensor(cute.make_layout((5,)))
-        self.fragments = storage.fragments.get_tensor(
-            cute.make_layout((2, THREADS, _per_thread(TILE)), stride=(TILE * TILE, PARK_VECTOR, _per_thread_stride())))
-        # the head's dx in the I/O dtype, staged over Q's fragments (free from the straddling sums to the next head's Q)
-        self.dx = cute.make_tensor(cute.recast_ptr(self.fragments.iterator + TILE * TILE, dtype=self.x.element_type),
-                                   smem_layout((TILE, P)))
+        self.Q = storage.Q.get_tensor(_parking(TILE))
+        self.V_sum = storage.V_sum.get_tensor(_parking(TILE))
+        # the head's dx in the I/O dtype, staged over Q (free from the straddling sums to the next head's Q)
+        self.dx = cute.make_tensor(cute.recast_ptr(self.Q.iterator, dtype=self.x.element_type), smem_layout((TILE, P)))
         self.dB = storage.dB.get_tensor(_parking(N))
         self.dC = storage.dC.get_tensor(_parking(N))
 
