@@ -124,9 +124,6 @@ class SsdBackwardStates:
             seq = count_changes(seq_idx, row, start, end, lane)  # the row's last sequence
 
         storage = cutlass.utils.SmemAllocator().allocate(self._shared_storage(io_type))
-        sDout = storage.dout.get_tensor(smem_layout((TILE, P_TILE)))
-        sZ = storage.z.get_tensor(smem_layout((TILE, P_TILE)))
-        sC = storage.C.get_tensor(smem_layout((TILE, N)))
         sGe = storage.gated.get_tensor(smem_layout((TILE, P_TILE)))
         sCs = storage.cs.get_tensor(cute.make_layout((TILE,)))
         sChanges = storage.changes.get_tensor(cute.make_layout((2,)))
@@ -134,8 +131,6 @@ class SsdBackwardStates:
         mma = make_mma(io_type, tid, self.warps, warpgroups=int(self._warpgroup_mma()))
         g2s = async_tile_copy(io_type, self.threads)
         thr = g2s.get_slice(tid)
-        ident_x = cute.make_identity_tensor((L, P))
-        ident_C = cute.make_identity_tensor((L, N))
 
         A_log2 = view(a.A, (H,), a.stride_A_head)[h] * Float32(LOG2_E)
         bias = Float32(0.0)
@@ -148,26 +143,30 @@ class SsdBackwardStates:
             blk_count = Int32(0)
         acc = cute.make_rmem_tensor(mma.thr.partition_shape_C((P_TILE, N)), Float32)
         acc.fill(0.0)
-        # warp 0 loads each block's dt and seq_idx a block ahead of its scan (the walk goes backwards)
+        # warp 0 loads each block's dt and seq_idx a block ahead of its scan (the walk goes backwards), and every
+        # thread its share of the block's tiles into the other buffer
         dt0, dt1, here0, before0, here1, before1 = self._load_raw(
             a, dt, seq_idx, row, h, (blk_first + blk_count - 1) * TILE, start, end, lane)
 
+        sources = (dout[row, None, h, None], z[row, None, h, None], Cm[row, None, g, None])
+        if blk_count > 0:
+            self._load_tiles(a, g2s, thr, sources, storage, blk_first + blk_count - 1, ptile, Int32(0))
+        cute.arch.cp_async_commit_group()
         for i in range(blk_count):
             blk = blk_first + blk_count - 1 - i
             block_start = blk * TILE
-            cute.arch.sync_threads()  # every warp done with the previous block's tiles
-            load_tile(g2s, thr, dout[row, None, h, None], ident_x, sDout, (TILE, P_TILE), (blk, ptile), L)
-            if a.has_z != 0:
-                load_tile(g2s, thr, z[row, None, h, None], ident_x, sZ, (TILE, P_TILE), (blk, ptile), L)
-            load_tile(g2s, thr, Cm[row, None, g, None], ident_C, sC, (TILE, N), (blk, 0), L)
+            cute.arch.sync_threads()  # every warp done with the previous block's tiles: their buffer is the next's
+            if i + 1 < blk_count:
+                self._load_tiles(a, g2s, thr, sources, storage, blk - 1, ptile, (i + 1) % 2)
             cute.arch.cp_async_commit_group()
+            sDout, sZ, sC = self._tiles(storage, i % 2)
             if warp_id == 0:
                 self._scan_block(a, (dt0, dt1, here0, before0, here1, before1), block_start, start, end, bias,
                                  A_log2, sCs, sChanges, lane)
                 if i + 1 < blk_count:
                     dt0, dt1, here0, before0, here1, before1 = self._load_raw(
                         a, dt, seq_idx, row, h, block_start - TILE, start, end, lane)
-            cute.arch.cp_async_wait_group(0)
+            cute.arch.cp_async_wait_group(1)  # this block's tiles (the next block's may still be in flight)
             fence_operands(mma)  # (wgmma reads C through the async proxy)
             cute.arch.sync_threads()
 
@@ -232,15 +231,33 @@ class SsdBackwardStates:
         N = self.d_state
 
         @cute.struct
-        class SharedStorage:
-            dout: cute.struct.Align[cute.struct.MemRange[io_type, TILE * P_TILE], SMEM_ALIGN]
-            z: cute.struct.Align[cute.struct.MemRange[io_type, TILE * P_TILE], SMEM_ALIGN]
-            C: cute.struct.Align[cute.struct.MemRange[io_type, TILE * N], SMEM_ALIGN]
+        class SharedStorage:  # dout, z and C twice: a block's tiles load while the block before it is walked
+            dout: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * P_TILE], SMEM_ALIGN]
+            z: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * P_TILE], SMEM_ALIGN]
+            C: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * N], SMEM_ALIGN]
             gated: cute.struct.Align[cute.struct.MemRange[io_type, TILE * P_TILE], SMEM_ALIGN]
             cs: cute.struct.Align[cute.struct.MemRange[Float32, TILE], SMEM_ALIGN]
             changes: cute.struct.Align[cute.struct.MemRange[Int32, 2], SMEM_ALIGN]
 
         return SharedStorage
+
+    @cute.jit
+    def _load_tiles(self, a, g2s, thr, sources, storage, blk, ptile, buffer):
+        """cp.async of block blk's dout, z and C (``sources``: the row's views) into a buffer (not committed)."""
+        L = a.seqlen
+        dout, z, C = sources
+        sDout, sZ, sC = self._tiles(storage, buffer)
+        ident_x = cute.make_identity_tensor((L, self.headdim))
+        load_tile(g2s, thr, dout, ident_x, sDout, (TILE, P_TILE), (blk, ptile), L)
+        if a.has_z != 0:
+            load_tile(g2s, thr, z, ident_x, sZ, (TILE, P_TILE), (blk, ptile), L)
+        load_tile(g2s, thr, C, cute.make_identity_tensor((L, self.d_state)), sC, (TILE, self.d_state), (blk, 0), L)
+
+    def _tiles(self, storage, buffer):
+        """dout, z and C of one of the two buffers (0 or 1, a dynamic value)."""
+        return tuple(cute.make_tensor(part.data_ptr() + cute.assume(buffer * (TILE * columns), divby=TILE * columns),
+                                      smem_layout((TILE, columns)))
+                     for part, columns in ((storage.dout, P_TILE), (storage.z, P_TILE), (storage.C, self.d_state)))
 
     @cute.jit
     def _load_raw(self, a, dt, seq_idx, row, h, block_start, start, end, lane):
