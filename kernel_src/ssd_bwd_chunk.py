@@ -38,7 +38,7 @@ import math
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
-from cutlass.experimental.primitives import cp_async_bulk_prefetch
+from cutlass.experimental.primitives import cp_async_bulk_prefetch, prefetch_l2
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_input_strides, strides
 from kernel_src.families import expect_constants
@@ -387,9 +387,11 @@ class SsdBackwardChunk:
         if a.has_z != 0:
             load_tile(g2s, thr, t.z[row, None, h, None], ident_x, sZ, (TILE, P), (blk, 0), L)
         cute.arch.cp_async_commit_group()
-        if cutlass.const_expr(self.target_arch != "sm_80"):  # (bulk prefetches: sm_90 and later)
-            if has_next & (tid == 2 * 32):
-                self._prefetch_states(a, t, row, h + 1, blk)
+        if cutlass.const_expr(self.target_arch != "sm_80"):  # (the prefetches below: sm_90 and later)
+            if has_next:
+                self._prefetch_rows(a, t, row, h + 1, block_start, rows, tid)
+                if tid == 2 * 32:
+                    self._prefetch_states(a, t, row, h + 1, blk)
         if warp_id == 0:
             self._scan_head(a, sm, head_dt, lane)
         # the first run's states are loaded while the tiles are in flight (later runs load theirs in turn)
@@ -449,6 +451,25 @@ class SsdBackwardChunk:
         for block in (t.states[row, cute.math.max(blk - 1, Int32(0)), h, None, None],
                       t.dstates[row, blk, h, None, None]):
             cp_async_bulk_prefetch(block.iterator, P * N * (block.element_type.width // 8))
+
+    @cute.jit
+    def _prefetch_rows(self, a, t, row, h, block_start, rows, tid):
+        """Head h's rows of x, dout and z into L2 while the head before it runs, a 128-byte line per thread and step
+        (the prologue's tile loads waited on HBM). Per-line prefetches: bulk ones of the rows were slower."""
+        per_line = 128 * 8 // t.x.element_type.width
+        lines = cute.ceil_div(self.headdim, per_line)
+        for step in cutlass.range_constexpr(cute.ceil_div(3 * TILE * lines, THREADS)):
+            k = step * THREADS + tid
+            s = k // (3 * lines)
+            which = k // lines % 3
+            at = k % lines * per_line
+            if s < rows:
+                if which == 0:
+                    prefetch_l2(t.x[row, block_start + s, h, None].iterator + at)
+                if which == 1:
+                    prefetch_l2(t.dout[row, block_start + s, h, None].iterator + at)
+                if (which == 2) & (a.has_z != 0):
+                    prefetch_l2(t.z[row, block_start + s, h, None].iterator + at)
 
     @cute.jit
     def _load_head_dt(self, a, t, sm, row, h, block_start, lane):
