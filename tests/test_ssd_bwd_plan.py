@@ -59,14 +59,16 @@ def test_valid_call_binds_four_launches():
     # the workspace regions: inside the workspace, 256-byte aligned, disjoint, and the same memory in every step
     ws = bwd_args()["workspace"]
     lo, hi = 0x1_0000_0000, 0x1_0000_0000 + workspace_elements() * 4
-    regions = {"out": forward.params["out"], "states": chunk.params["states"], "dstates": chunk.params["dstates"],
+    regions = {"states": chunk.params["states"], "dstates": chunk.params["dstates"],
                "partials": chunk.params["partials"], "group_grads": chunk.params["group_grads"]}
     assert reduce.params["group_grads"] == regions["group_grads"]
     assert chunk.params["stride_group_grads_split"] == BATCH * L * G * N
     assert forward.params["chunk_states"] == regions["states"] and states.params["dstates"] == regions["dstates"]
     assert reduce.params["partials"] == regions["partials"]
     starts = sorted(regions.values())
-    assert all(lo <= s < hi and s % 256 == 0 for s in starts) and len(set(starts)) == 5
+    assert all(lo <= s < hi and s % 256 == 0 for s in starts) and len(set(starts)) == 4
+    # (the recompute's y, computed only for packed sequences, goes unread into dx: no workspace for it)
+    assert forward.params["out"] == chunk.params["dx"] == _ptr(bwd_args()["dx"])
     assert regions["group_grads"] + 2 * splits * BATCH * L * G * N * 4 <= hi
     assert ws is not None
 
@@ -84,6 +86,7 @@ def test_without_packed_sequences_the_recompute_is_one_states_only_pass(gated):
                               dfinal_states=None, dinitial_states=None))
     (_, whole), *_ = packed
     assert whole.params["states_only"] == 0 and "out" in [a.name for a in whole.outputs]
+    assert whole.params["out"] == _ptr(bwd_args()["dx"])  # its y goes unread into dx, which the chunk pass writes
 
 
 def test_head_splits_only_when_too_few_ctas():

@@ -38,7 +38,7 @@ Steps (launches on one stream, in order; everything validated before the first):
 
 1. ``ssd_fwd`` recomputes the state after every 64-token block (``workspace.states``, ``chunk_size`` 64) in one
    states-only pass (no outputs); with packed sequences, which that walk does not follow, it runs the whole forward
-   instead (one launch: packed calls are not split), its y going unread to the workspace's ``out`` region;
+   instead (one launch: packed calls are not split), its y going unread into dx (which step 3 then writes);
 2. ``ssd_bwd_dstates`` walks each sequence backwards: the state gradient after every block (``workspace.dstates``)
    and ``dinitial_states``;
 3. ``ssd_bwd_chunk``, one CTA per (64-token block, group, row, head split): dx, ddt, dz (from y, which it
@@ -48,12 +48,12 @@ Steps (launches on one stream, in order; everything validated before the first):
    share of dB and dC (``workspace.group_grads``) instead of dB and dC;
 4. ``ssd_bwd_reduce``, one CTA per head: dA, dD, ddt_bias; with head splits, more CTAs add the shares of dB and dC.
 
-Workspace (each region 256-byte aligned): y (batch·L·H·P, io dtype), states (batch · ceil(L/64) · H · P · N, fp32) and
-dstates (as many, io dtype: the chunk pass's products take dh_end in that dtype; its ⟨dh_end, h₀⟩ then has dh_end so
-rounded; Triton's backward keeps its state gradients in the I/O dtype too), partials (batch · ceil(L/64) · H · (P +
-2), fp32) and, with head splits, group_grads (2 · head_splits · batch · L · G · N, fp32; the region is kept at the
-most any call with at most this batch and length needs, so that a workspace sized for one call serves every smaller
-one). Deterministic: no atomics, every sum in a fixed order, so repeated calls give bitwise-identical gradients.
+Workspace (each region 256-byte aligned): states (batch · ceil(L/64) · H · P · N, fp32) and dstates (as many, io
+dtype: the chunk pass's products take dh_end in that dtype; its ⟨dh_end, h₀⟩ then has dh_end so rounded; Triton's
+backward keeps its state gradients in the I/O dtype too), partials (batch · ceil(L/64) · H · (P + 2), fp32) and, with
+head splits, group_grads (2 · head_splits · batch · L · G · N, fp32; the region is kept at the most any call with at
+most this batch and length needs, so that a workspace sized for one call serves every smaller one). Deterministic:
+no atomics, every sum in a fixed order, so repeated calls give bitwise-identical gradients.
 """
 from __future__ import annotations
 
@@ -180,9 +180,8 @@ class Workspace:
         nblocks = -(-seqlen // BLOCK)
         self.head_splits = head_splits(batch, nblocks, ngroups, nheads // ngroups)
         state_shape = (batch, nblocks, nheads, headdim, d_state)
-        self.layout = [("out", (batch, seqlen, nheads, headdim), io), ("states", state_shape, "fp32"),
-                       ("dstates", state_shape, io), ("partials", (batch, nblocks, nheads, headdim + PARTIAL_EXTRA),
-                                                          "fp32")]
+        self.layout = [("states", state_shape, "fp32"), ("dstates", state_shape, io),
+                       ("partials", (batch, nblocks, nheads, headdim + PARTIAL_EXTRA), "fp32")]
         if self.head_splits > 1:
             self.layout.append(("group_grads", (2, self.head_splits, batch, seqlen, ngroups, d_state), "fp32"))
         self.offsets, offset = {}, 0
@@ -234,9 +233,13 @@ class SsdBackwardPlan(CompositePlan):
         expect_workspace(workspace, "ssd_bwd", ws.size)
         views = ws.views(workspace)
 
-        # 1. the forward, recomputed: its validation is the forward's own
+        # 1. the forward, recomputed: its validation is the forward's own; its y, computed only for packed sequences,
+        # goes unread into dx (checked here first, so that an error names it)
+        expect_dtype(dx, (io,))
+        expect_shape(dx, x.shape, f"the shape of {x.name}")
+        expect_vector_operand(dx)
         forward = SsdForwardPlan().bind(
-            x=x, dt=dt, A=A, B=B, C=C, out=views["out"], chunk_size=BLOCK, D=D, dt_bias=dt_bias,
+            x=x, dt=dt, A=A, B=B, C=C, out=_rename(dx, "out"), chunk_size=BLOCK, D=D, dt_bias=dt_bias,
             dt_softplus=dt_softplus, dt_limit=dt_limit, initial_states=initial_states,
             initial_state_indices=initial_state_indices, chunk_states=_rename(views["states"], "chunk_states"),
             seq_idx=seq_idx, cu_seqlens=cu_seqlens)
@@ -250,11 +253,11 @@ class SsdBackwardPlan(CompositePlan):
                 raise InvalidArgumentError(name, f"{name}: given without {name[1:]}")
             if grad is None and source is not None:
                 raise InvalidArgumentError(name, f"{name}: required when {name[1:]} is given")
-        for grad, like in ((dout, x), (dx, x), (dz, z), (ddt, dt), (dB, B), (dC, C)):
+        for grad, like in ((dout, x), (dz, z), (ddt, dt), (dB, B), (dC, C)):
             if grad is not None:
                 expect_dtype(grad, (io,))
                 expect_shape(grad, like.shape, f"the shape of {like.name}")
-        for moved_in_vectors in (dout, dx, dz):
+        for moved_in_vectors in (dout, dz):
             if moved_in_vectors is not None:
                 expect_vector_operand(moved_in_vectors)
         if z is not None:
