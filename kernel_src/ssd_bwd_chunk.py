@@ -21,9 +21,10 @@ with y0_i = e_i · h₀·C_i (the entering state's share of y). ddt goes through
 clamped, as torch.clamp) and softplus (sigmoid; the identity above 20). dD and ddt_bias are sums over tokens.
 
 One CTA owns one (64-token block, group, row) and walks the heads of its group, adding each head's state terms of
-dB and dC and its V to fp32 accumulators parked in shared memory (the V products follow the last head, once, with
-Σ V rounded to the I/O dtype): every gradient is written by exactly one CTA, in a fixed order, so the
-result is bitwise reproducible. When that gives too few CTAs to fill the GPU, the group's heads are split over
+dB and dC and its V to fp32 accumulators parked in shared memory (the V products follow the CTA's last head, once,
+with Σ V rounded to the I/O dtype: with fp16 I/O that sum must stay within fp16's range, as the fp32 sum of C·Bᵀ's
+gradient over heads that Triton's backward casts to fp16 must): every gradient is written by exactly one CTA, in a
+fixed order, so the result is bitwise reproducible. When that gives too few CTAs to fill the GPU, the group's heads are split over
 ``head_splits`` CTAs, each writing its share of dB and dC in fp32 to ``group_grads`` for ``ssd_bwd_reduce`` to
 add in split order. Per-(block, head) partial sums of dD (per P column), dA and ddt_bias go to ``partials`` and
 are summed in a fixed order by ``ssd_bwd_reduce``. The products are bf16 / fp16 MMAs with fp32
@@ -387,7 +388,7 @@ class SsdBackwardChunk:
         if a.has_z != 0:
             load_tile(g2s, thr, t.z[row, None, h, None], ident_x, sZ, (TILE, P), (blk, 0), L)
         cute.arch.cp_async_commit_group()
-        if cutlass.const_expr(self.target_arch != "sm_80"):  # (the prefetches below: sm_90 and later)
+        if cutlass.const_expr(self.target_arch != "sm_80"):  # (the prefetches below: arch=sm80's NVVM refused them)
             if has_next:
                 self._prefetch_rows(a, t, row, h + 1, block_start, rows, tid)
                 if tid == 2 * 32:
@@ -748,7 +749,7 @@ class SsdBackwardChunk:
         G_rows = mn_view(mma.thr.partition_C(sm.G))
         parts = cute.make_tensor(sm.parts.iterator, cute.make_layout((PARTS, WARPS, TILE), stride=(WARPS * TILE, TILE, 1)))
         fence_operands(mma)
-        cute.arch.sync_threads()  # S, V and every warp's row and column sums are in shared memory
+        cute.arch.sync_threads()  # S, Σ V's share and every warp's row and column sums are in shared memory
         raw0 = t.dt.element_type(0.0)
         raw1 = t.dt.element_type(0.0)
         bias = Float32(0.0)

@@ -231,7 +231,8 @@ class SsdBackwardStates:
         N = self.d_state
 
         @cute.struct
-        class SharedStorage:  # dout, z and C twice: a block's tiles load while the block before it is walked
+        class SharedStorage:  # dout, z and C twice: a block's tiles load while the block walked before it (the next
+        # one along L) is walked
             dout: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * P_TILE], SMEM_ALIGN]
             z: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * P_TILE], SMEM_ALIGN]
             C: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * N], SMEM_ALIGN]
