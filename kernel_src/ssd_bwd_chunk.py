@@ -20,16 +20,16 @@ G = dout ⊙ silu(z)::
 with y0_i = e_i · h₀·C_i (the entering state's share of y). ddt goes through dt_limit (zero gradient where
 clamped, as torch.clamp) and softplus (sigmoid; the identity above 20). dD and ddt_bias are sums over tokens.
 
-One CTA owns one (64-token block, group, row) and walks the heads of its group, adding each head's state terms of
-dB and dC and its V to fp32 accumulators parked in shared memory (the V products follow the CTA's last head, once,
-with Σ V rounded to the I/O dtype: with fp16 I/O that sum must stay within fp16's range, as the fp32 sum of C·Bᵀ's
+One CTA owns one (64-token block, group, row) and walks the heads of its group, adding each head's state terms of dB
+and dC and its V to fp32 accumulators parked in shared memory (the V products follow the CTA's last head, once, with
+Σ V rounded to the I/O dtype: with fp16 I/O that sum must stay within fp16's range, as the fp32 sum of C·Bᵀ's
 gradient over heads that Triton's backward casts to fp16 must): every gradient is written by exactly one CTA, in a
-fixed order, so the result is bitwise reproducible. When that gives too few CTAs to fill the GPU, the group's heads are split over
-``head_splits`` CTAs, each writing its share of dB and dC in fp32 to ``group_grads`` for ``ssd_bwd_reduce`` to
-add in split order. Per-(block, head) partial sums of dD (per P column), dA and ddt_bias go to ``partials`` and
-are summed in a fixed order by ``ssd_bwd_reduce``. The products are bf16 / fp16 MMAs with fp32
-accumulation (wgmma on sm_90a, warp MMAs elsewhere; operands rounded as the forward rounds them); everything per
-row and the sums are fp32, but for dz's factor dout ⊙ silu'(z), rounded to the I/O dtype while it waits in dz.
+fixed order, so the result is bitwise reproducible. When that gives too few CTAs to fill the GPU, the group's heads
+are split over ``head_splits`` CTAs, each writing its share of dB and dC in fp32 to ``group_grads`` for
+``ssd_bwd_reduce`` to add in split order. Per-(block, head) partial sums of dD (per P column), dA and ddt_bias go to
+``partials`` and are summed in a fixed order by ``ssd_bwd_reduce``. The products are bf16 / fp16 MMAs with fp32
+accumulation (wgmma on sm_90a, warp MMAs elsewhere; operands rounded as the forward rounds them); everything per row
+and the sums are fp32, but for dz's factor dout ⊙ silu'(z), rounded to the I/O dtype while it waits in dz.
 """
 
 # (no "from __future__ import annotations": cute.struct reads its field annotations as live objects)
@@ -392,7 +392,7 @@ class SsdBackwardChunk:
             if has_next:
                 self._prefetch_rows(a, t, row, h + 1, block_start, rows, tid)
                 if tid == 2 * 32:
-                    self._prefetch_states(a, t, row, h + 1, blk)
+                    self._prefetch_states(t, row, h + 1, blk)
         if warp_id == 0:
             self._scan_head(a, sm, head_dt, lane)
         # the first run's states are loaded while the tiles are in flight (later runs load theirs in turn)
@@ -445,7 +445,7 @@ class SsdBackwardChunk:
                             io_type)
 
     @cute.jit
-    def _prefetch_states(self, a, t, row, h, blk):
+    def _prefetch_states(self, t, row, h, blk):
         """Head h's states of the block (the workspace's h₀ and dh_end, what a run continuing a sequence and ending
         at the block's end reads) into L2, while the head before it runs: its prologue then waits on L2, not HBM."""
         P, N = self.headdim, self.d_state

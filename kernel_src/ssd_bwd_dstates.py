@@ -28,9 +28,9 @@ from cutlass import Float32, Int32
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, strides
 from kernel_src.families import expect_constants
-from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, async_tile_copy, block_cumsum, count_changes,
-                                  fence_operands, load_state, load_tile, make_mma, mask_bit, pairs, previous_change,
-                                  smem_layout, source_tokens, store_state, transposed, vec, view)
+from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, async_tile_copy, block_cumsum, buffer,
+                                  count_changes, fence_operands, load_state, load_tile, make_mma, mask_bit, pairs,
+                                  previous_change, smem_layout, source_tokens, store_state, transposed, vec, view)
 from kernel_src.ssm_math import delta_from_dt, silu
 
 P_TILE = 64
@@ -230,9 +230,9 @@ class SsdBackwardStates:
     def _shared_storage(self, io_type):
         N = self.d_state
 
+        # dout, z and C twice: a block's tiles load while the block walked before it (the next one along L) is walked
         @cute.struct
-        class SharedStorage:  # dout, z and C twice: a block's tiles load while the block walked before it (the next
-        # one along L) is walked
+        class SharedStorage:
             dout: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * P_TILE], SMEM_ALIGN]
             z: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * P_TILE], SMEM_ALIGN]
             C: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * N], SMEM_ALIGN]
@@ -243,22 +243,21 @@ class SsdBackwardStates:
         return SharedStorage
 
     @cute.jit
-    def _load_tiles(self, a, g2s, thr, sources, storage, blk, ptile, buffer):
+    def _load_tiles(self, a, g2s, thr, sources, storage, blk, ptile, index):
         """cp.async of block blk's dout, z and C (``sources``: the row's views) into a buffer (not committed)."""
         L = a.seqlen
         dout, z, C = sources
-        sDout, sZ, sC = self._tiles(storage, buffer)
+        sDout, sZ, sC = self._tiles(storage, index)
         ident_x = cute.make_identity_tensor((L, self.headdim))
         load_tile(g2s, thr, dout, ident_x, sDout, (TILE, P_TILE), (blk, ptile), L)
         if a.has_z != 0:
             load_tile(g2s, thr, z, ident_x, sZ, (TILE, P_TILE), (blk, ptile), L)
         load_tile(g2s, thr, C, cute.make_identity_tensor((L, self.d_state)), sC, (TILE, self.d_state), (blk, 0), L)
 
-    def _tiles(self, storage, buffer):
-        """dout, z and C of one of the two buffers (0 or 1, a dynamic value)."""
-        return tuple(cute.make_tensor(part.data_ptr() + cute.assume(buffer * (TILE * columns), divby=TILE * columns),
-                                      smem_layout((TILE, columns)))
-                     for part, columns in ((storage.dout, P_TILE), (storage.z, P_TILE), (storage.C, self.d_state)))
+    def _tiles(self, storage, index):
+        """dout, z and C of buffer ``index`` (0 or 1, a dynamic value)."""
+        return (buffer(storage.dout, index, P_TILE), buffer(storage.z, index, P_TILE),
+                buffer(storage.C, index, self.d_state))
 
     @cute.jit
     def _load_raw(self, a, dt, seq_idx, row, h, block_start, start, end, lane):

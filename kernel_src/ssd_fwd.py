@@ -44,19 +44,14 @@ from cutlass import Float32, Int32
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
 from kernel_src.families import expect_constants
-from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, async_tile_copy, block_cumsum, fence_operands,
-                                  load_tile, make_mma, mask_bit, mn_view, next_change, pairs, scale_row, smem_layout,
-                                  source_tokens, store_pairs, store_state, transposed, vec, view)
+from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, async_tile_copy, block_cumsum, buffer,
+                                  fence_operands, load_tile, make_mma, mask_bit, mn_view, next_change, pairs, scale_row,
+                                  smem_layout, source_tokens, store_pairs, store_state, transposed, vec, view)
 from kernel_src.ssm_math import delta_from_dt, silu_approx
 
 P_TILE = 64      # head-dim rows per CTA
 LOG2_E = math.log2(math.e)
 Y_STRIDE = P_TILE + 4   # fp32 row pitch of the staged outputs: fewer bank conflicts on the fragment writes
-
-
-def buffer(storage_range, parity: int):
-    """Tile ``parity`` (0 or 1) of a double-buffered (TILE, P_TILE) operand (x or z)."""
-    return cute.make_tensor(storage_range.data_ptr() + parity * (TILE * P_TILE), smem_layout((TILE, P_TILE)))
 
 
 class SsdForward:
@@ -245,8 +240,8 @@ class SsdForward:
             loads = (g2s, tid, gx, gB, ident_x, ident_BC, ptile, L)
             walk = (a, states, mma, acc_h, sXw, sDelta, sCs, sChanges, dt, seq_idx, row, h, p0, start, end, blk_end,
                     bias, A_log2, warp_id, lane)
-            self._walk_states(walk, loads, blk_first, blk_end, (buffer(storage.x, 0), sB), (buffer(storage.x, 1), sC),
-                              dt_next0, dt_next1, io_type)
+            self._walk_states(walk, loads, blk_first, blk_end, (buffer(storage.x, 0, P_TILE), sB),
+                              (buffer(storage.x, 1, P_TILE), sC), dt_next0, dt_next1, io_type)
             blk_end = blk_first  # (nothing left for the walk with outputs)
 
         # Each block's tiles are loaded, and its Δ scanned by warp 0, while the block before it finishes: two blocks
@@ -276,8 +271,8 @@ class SsdForward:
          A_log2, tid, warp_id, lane, sources) = walk
         storage, sB, sC, sS, sXw, sY, sH, sD, sDelta, sCs, sChanges = smem
         L = a.seqlen
-        sX = buffer(storage.x, parity)
-        sZ = buffer(storage.z, parity)
+        sX = buffer(storage.x, parity, P_TILE)
+        sZ = buffer(storage.z, parity, P_TILE)
         work = (mma, acc_h, sX, sB, sC, sS, sXw, sY, sH, sDelta, sCs)
         if cutlass.const_expr(parity == 0):  # (the first block is always a pair's first)
             if blk == blk_first:
@@ -307,8 +302,8 @@ class SsdForward:
             self._stage_outputs(work, acc_y, io_type)
             if seg_end == seg_stop:  # the block's products are done: nothing reads its B and C any more
                 if blk + 1 < blk_end:
-                    self._load_block(a, sources, (buffer(storage.x, 1 - parity), buffer(storage.z, 1 - parity), sB,
-                                                  sC), blk + 1)
+                    next_tiles = (buffer(storage.x, 1 - parity, P_TILE), buffer(storage.z, 1 - parity, P_TILE), sB, sC)
+                    self._load_block(a, sources, next_tiles, blk + 1)
             if warp_id == 0:
                 # after the block's last products nothing reads its Δ, cumsums or sequence changes any more
                 if (seg_end == seg_stop) & (blk + 1 < blk_end):

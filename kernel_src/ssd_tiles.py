@@ -188,6 +188,15 @@ def fence_operands(mma):
         cute.arch.fence_proxy("async.shared", space="cta")
 
 
+def buffer(storage_range, index, columns: int):
+    """Tile ``index`` (0 or 1: a Python int, or a dynamic value) of a double-buffered (TILE, columns) operand held in
+    one shared array."""
+    offset = index * (TILE * columns)
+    if not isinstance(index, int):  # (the swizzle and the 16-byte copies need the offset's alignment known)
+        offset = cute.assume(offset, divby=TILE * columns)
+    return cute.make_tensor(storage_range.data_ptr() + offset, smem_layout((TILE, columns)))
+
+
 def smem_layout(shape):
     """Rows of 64 16-bit elements (128 B) with the 3-bit swizzle ldmatrix reads without bank conflicts."""
     atom = cute.make_composed_layout(cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1)))
