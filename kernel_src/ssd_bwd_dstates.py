@@ -28,9 +28,10 @@ from cutlass import Float32, Int32
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, strides
 from kernel_src.families import expect_constants
-from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, async_tile_copy, block_cumsum, buffer,
+from kernel_src.ssd_tiles import (CHUNK, SCAN_GROUP, SMEM_ALIGN, TILE, VECTOR, async_tile_copy, block_cumsum, buffer,
                                   count_changes, fence_operands, load_state, load_tile, make_mma, mask_bit, pairs,
-                                  previous_change, smem_layout, source_tokens, store_state, transposed, vec, view)
+                                  previous_change, scan_slot, smem_layout, source_tokens, store_state, transposed, vec,
+                                  view)
 from kernel_src.ssm_math import delta_from_dt, silu
 
 P_TILE = 64
@@ -143,10 +144,11 @@ class SsdBackwardStates:
             blk_count = Int32(0)
         acc = cute.make_rmem_tensor(mma.thr.partition_shape_C((P_TILE, N)), Float32)
         acc.fill(0.0)
-        # warp 0 loads each block's dt and seq_idx a block ahead of its scan (the walk goes backwards), and every
-        # thread its share of the block's tiles into the other buffer
+        # warp w < SCAN_GROUP scans block w of each scan group (the walk goes backwards: the w-th block before the
+        # group's first), loading its dt and seq_idx a group ahead (the other warps of an 8-warp CTA never use
+        # theirs); every thread loads its share of a block's tiles into the other buffer a block ahead
         dt0, dt1, here0, before0, here1, before1 = self._load_raw(
-            a, dt, seq_idx, row, h, (blk_first + blk_count - 1) * TILE, start, end, lane)
+            a, dt, seq_idx, row, h, (blk_first + blk_count - 1 - warp_id) * TILE, start, end, lane)
 
         sources = (dout[row, None, h, None], z[row, None, h, None], Cm[row, None, g, None])
         if blk_count > 0:
@@ -160,18 +162,21 @@ class SsdBackwardStates:
                 self._load_tiles(a, g2s, thr, sources, storage, blk - 1, ptile, (i + 1) % 2)
             cute.arch.cp_async_commit_group()
             sDout, sZ, sC = self._tiles(storage, i % 2)
-            if warp_id == 0:
-                self._scan_block(a, (dt0, dt1, here0, before0, here1, before1), block_start, start, end, bias,
-                                 A_log2, sCs, sChanges, lane)
-                if i + 1 < blk_count:
+            if i % SCAN_GROUP == 0:  # (every warp is done with the last group's slots: the barrier above)
+                if warp_id < SCAN_GROUP:
+                    self._scan_block(a, (dt0, dt1, here0, before0, here1, before1), block_start - warp_id * TILE,
+                                     start, end, bias, A_log2, scan_slot(sCs, warp_id), scan_slot(sChanges, warp_id),
+                                     lane)
                     dt0, dt1, here0, before0, here1, before1 = self._load_raw(
-                        a, dt, seq_idx, row, h, block_start - TILE, start, end, lane)
+                        a, dt, seq_idx, row, h, block_start - (warp_id + SCAN_GROUP) * TILE, start, end, lane)
             cute.arch.cp_async_wait_group(1)  # this block's tiles (the next block's may still be in flight)
             fence_operands(mma)  # (wgmma reads C through the async proxy)
             cute.arch.sync_threads()
 
-            changes_lo = sChanges[0]
-            changes_hi = sChanges[1]
+            slot_cs = scan_slot(sCs, i % SCAN_GROUP)
+            slot_changes = scan_slot(sChanges, i % SCAN_GROUP)
+            changes_lo = slot_changes[0]
+            changes_hi = slot_changes[1]
             seg_first = cute.math.max(start, block_start) - block_start
             s1 = cute.math.min(end, block_start + TILE) - block_start
             block_last = cute.math.min(block_start + TILE, L) - block_start
@@ -191,7 +196,7 @@ class SsdBackwardStates:
                 if s1 == block_last:
                     store_state(dstates[row, blk, h, None, None], mma, acc, p0, io_type, paired=True)
 
-                self._run(a, mma, acc, sDout, sZ, sGe, sC, sCs, s0, s1, tid, io_type)
+                self._run(a, mma, acc, sDout, sZ, sGe, sC, slot_cs, s0, s1, tid, io_type)
 
                 starts_sequence = mask_bit(changes_lo, changes_hi, s0)
                 if block_start + s0 == start:
@@ -237,8 +242,9 @@ class SsdBackwardStates:
             z: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * P_TILE], SMEM_ALIGN]
             C: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * N], SMEM_ALIGN]
             gated: cute.struct.Align[cute.struct.MemRange[io_type, TILE * P_TILE], SMEM_ALIGN]
-            cs: cute.struct.Align[cute.struct.MemRange[Float32, TILE], SMEM_ALIGN]
-            changes: cute.struct.Align[cute.struct.MemRange[Int32, 2], SMEM_ALIGN]
+            # a scan group's cumsums and sequence-change masks
+            cs: cute.struct.Align[cute.struct.MemRange[Float32, SCAN_GROUP * TILE], SMEM_ALIGN]
+            changes: cute.struct.Align[cute.struct.MemRange[Int32, SCAN_GROUP * 2], SMEM_ALIGN]
 
         return SharedStorage
 
@@ -261,7 +267,7 @@ class SsdBackwardStates:
 
     @cute.jit
     def _load_raw(self, a, dt, seq_idx, row, h, block_start, start, end, lane):
-        """Warp 0: the raw dt of a block's rows lane and lane + 32 inside [start, end) (zero elsewhere), and the
+        """A warp: the raw dt of a block's rows lane and lane + 32 inside [start, end) (zero elsewhere), and the
         seq_idx there and one row before (equal where no change can be). They stay as loaded until _scan_block:
         converting or comparing them here would wait for the loads."""
         tok0 = block_start + lane
@@ -287,7 +293,7 @@ class SsdBackwardStates:
 
     @cute.jit
     def _scan_block(self, a, raw, block_start, start, end, bias, A_log2, sCs, sChanges, lane):
-        """Warp 0: the block's cumsum of Δ·A·log2(e) (Δ = 0 outside [start, end)) and the mask of rows where
+        """A warp: the block's cumsum of Δ·A·log2(e) (Δ = 0 outside [start, end)) and the mask of rows where
         seq_idx differs from the row before (a sequence start inside [start, end)), from :meth:`_load_raw`."""
         dt0, dt1, here0, before0, here1, before1 = raw
         tok0 = block_start + lane

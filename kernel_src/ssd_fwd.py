@@ -44,9 +44,10 @@ from cutlass import Float32, Int32
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
 from kernel_src.families import expect_constants
-from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, async_tile_copy, block_cumsum, buffer,
+from kernel_src.ssd_tiles import (CHUNK, SCAN_GROUP, SMEM_ALIGN, TILE, VECTOR, async_tile_copy, block_cumsum, buffer,
                                   fence_operands, load_tile, make_mma, mask_bit, mn_view, next_change, pairs, scale_row,
-                                  smem_layout, source_tokens, store_pairs, store_state, transposed, vec, view)
+                                  scan_slot, smem_layout, source_tokens, store_pairs, store_state, transposed, vec,
+                                  view)
 from kernel_src.ssm_math import delta_from_dt, silu_approx
 
 P_TILE = 64      # head-dim rows per CTA
@@ -90,6 +91,12 @@ class SsdForward:
     @property
     def block(self):
         return (self.threads, 1, 1)
+
+    @property
+    def scan_group(self):
+        """Blocks the states-only pass scans at once (at most SCAN_GROUP, even). Two on the warp-MMA CTA: with four
+        warps' raw dt in registers beside its operand fragments, sm_100a's N = 256 spilled."""
+        return SCAN_GROUP if self._warpgroup_mma() else 2
 
     @property
     def min_ctas_per_sm(self):
@@ -240,9 +247,10 @@ class SsdForward:
             loads = (g2s, tid, gx, gB, ident_x, ident_BC, ptile, L)
             walk = (a, states, mma, acc_h, sXw, sDelta, sCs, sChanges, dt, seq_idx, row, h, p0, start, end, blk_end,
                     bias, A_log2, warp_id, lane)
-            self._walk_states(walk, loads, blk_first, blk_end, (buffer(storage.x, 0, P_TILE), sB),
-                              (buffer(storage.x, 1, P_TILE), sC), dt_next0, dt_next1, io_type)
-            blk_end = blk_first  # (nothing left for the walk with outputs)
+            # (the walk's raw dt take the registers of warp 0's: nothing is left for the walk with outputs)
+            dt_next0, dt_next1 = self._walk_states(walk, loads, blk_first, blk_end, (buffer(storage.x, 0, P_TILE), sB),
+                                                   (buffer(storage.x, 1, P_TILE), sC), dt_next0, dt_next1, io_type)
+            blk_end = blk_first
 
         # Each block's tiles are loaded, and its Δ scanned by warp 0, while the block before it finishes: two blocks
         # per iteration, so that x and z alternate between their two buffers statically.
@@ -267,10 +275,9 @@ class SsdForward:
         the other buffers, B and C in place) and warp 0 scans the next block's Δ while the other warps write the
         outputs. (The first block's loads and scan are made here.) Returns the carried values: the sequence number,
         the seq_idx of the next block's last row, and warp 0's raw dt / seq_idx of the block after next."""
-        (a, states, mma, acc_h, dt, seq_idx, out, row, h, p0, ptile, segment, start, end, blk_first, blk_end, bias,
-         A_log2, tid, warp_id, lane, sources) = walk
+        (a, states, mma, acc_h, _, _, out, row, h, p0, ptile, segment, start, end, blk_first, blk_end, _, _, tid,
+         warp_id, _, sources) = walk
         storage, sB, sC, sS, sXw, sY, sH, sD, sDelta, sCs, sChanges = smem
-        L = a.seqlen
         sX = buffer(storage.x, parity, P_TILE)
         sZ = buffer(storage.z, parity, P_TILE)
         work = (mma, acc_h, sX, sB, sC, sS, sXw, sY, sH, sDelta, sCs)
@@ -278,9 +285,7 @@ class SsdForward:
             if blk == blk_first:
                 self._load_block(a, sources, (sX, sZ, sB, sC), blk)
                 if warp_id == 0:
-                    prev_seq = self._scan_block(a, dt0, dt1, seq0, seq1, prev_seq, blk, start, end, bias, A_log2,
-                                                sDelta, sCs, sChanges, lane)
-                    dt0, dt1, seq0, seq1 = self._load_raw(a, dt, seq_idx, row, h, blk + 1, lane, L)
+                    prev_seq, dt0, dt1, seq0, seq1 = self._scan_next(walk, smem, blk, prev_seq, dt0, dt1, seq0, seq1)
         cute.arch.cp_async_wait_group(0)
         fence_operands(mma)  # (and h₀ of the last block)
         cute.arch.sync_threads()  # the block's tiles, Δ and cumsums are in shared memory; the last outputs written
@@ -307,17 +312,28 @@ class SsdForward:
             if warp_id == 0:
                 # after the block's last products nothing reads its Δ, cumsums or sequence changes any more
                 if (seg_end == seg_stop) & (blk + 1 < blk_end):
-                    prev_seq = self._scan_block(a, dt0, dt1, seq0, seq1, prev_seq, blk + 1, start, end, bias, A_log2,
-                                                sDelta, sCs, sChanges, lane)
-                    dt0, dt1, seq0, seq1 = self._load_raw(a, dt, seq_idx, row, h, blk + 2, lane, L)
+                    prev_seq, dt0, dt1, seq0, seq1 = self._scan_next(walk, smem, blk + 1, prev_seq, dt0, dt1, seq0,
+                                                                     seq1)
             else:
                 self._store_rows(a, sY, sX, sZ, sD, out, row, h, ptile, block_start, seg, seg_end, tid - 32, io_type)
             seg = seg_end
 
         # (a split call's states-only pass wrote the chunk states of every segment but the last)
         if (a.has_chunk_states != 0) & (segment == a.segments - 1):
-            self._store_chunk_state(a, states, mma, acc_h, row, h, p0, block_start + seg_stop - 1, L)
+            self._store_chunk_state(a, states, mma, acc_h, row, h, p0, block_start + seg_stop - 1, a.seqlen)
         return seq, prev_seq, dt0, dt1, seq0, seq1
+
+    @cute.jit
+    def _scan_next(self, walk, smem, blk, prev_seq, dt0, dt1, seq0, seq1):
+        """Warp 0 in the walk with outputs: block blk's Δ, cumsums and sequence changes from its raw dt / seq_idx
+        (dt0, dt1, seq0, seq1), then block blk + 1's raw values. Returns (block blk's last seq_idx, those raw
+        values)."""
+        (a, _, _, _, dt, seq_idx, _, row, h, _, _, _, start, end, _, _, bias, A_log2, _, _, lane, _) = walk
+        _, _, _, _, _, _, _, _, sDelta, sCs, sChanges = smem
+        self._scan_block(a, dt0, dt1, blk, start, end, bias, A_log2, sDelta, sCs, lane)
+        prev_seq = self._scan_changes(seq0, seq1, prev_seq, blk, end, sChanges, lane)
+        dt0, dt1, seq0, seq1 = self._load_raw(a, dt, seq_idx, row, h, blk + 1, lane, a.seqlen)
+        return prev_seq, dt0, dt1, seq0, seq1
 
     def _shared_storage(self, io_type):
         N = self.d_state
@@ -331,8 +347,9 @@ class SsdForward:
             scratch: cute.struct.Align[cute.struct.MemRange[Float32, self._scratch_floats()], SMEM_ALIGN]
             h: cute.struct.Align[cute.struct.MemRange[io_type, P_TILE * N], SMEM_ALIGN]
             D: cute.struct.Align[cute.struct.MemRange[Float32, P_TILE], SMEM_ALIGN]
-            delta: cute.struct.Align[cute.struct.MemRange[Float32, TILE], SMEM_ALIGN]
-            cs: cute.struct.Align[cute.struct.MemRange[Float32, TILE], SMEM_ALIGN]
+            # a scan group's Δ and cumsums (the walk with outputs uses the first block's)
+            delta: cute.struct.Align[cute.struct.MemRange[Float32, SCAN_GROUP * TILE], SMEM_ALIGN]
+            cs: cute.struct.Align[cute.struct.MemRange[Float32, SCAN_GROUP * TILE], SMEM_ALIGN]
             changes: cute.struct.Align[cute.struct.MemRange[Int32, 2], SMEM_ALIGN]
 
         return SharedStorage
@@ -371,10 +388,8 @@ class SsdForward:
         return dt0, dt1, s0, s1
 
     @cute.jit
-    def _scan_block(self, a, dt0, dt1, s0, s1, prev_seq, blk, start, end, bias, A_log2, sDelta, sCs, sChanges,
-                    lane):
-        """Warp 0: Δ and the inclusive cumsum of Δ·A·log2(e) of the block's 64 rows (Δ = 0 outside [start, end)),
-        and the bit mask of rows where seq_idx changes. Returns the seq_idx of the block's last row."""
+    def _scan_block(self, a, dt0, dt1, blk, start, end, bias, A_log2, sDelta, sCs, lane):
+        """A warp: Δ and the inclusive cumsum of Δ·A·log2(e) of the block's 64 rows (Δ = 0 outside [start, end))."""
         tok0 = blk * TILE + lane
         tok1 = tok0 + 32
         d0 = Float32(0.0)
@@ -391,6 +406,12 @@ class SsdForward:
         sCs[lane] = c0
         sCs[lane + 32] = c1
 
+    @cute.jit
+    def _scan_changes(self, s0, s1, prev_seq, blk, end, sChanges, lane):
+        """A warp: the bit mask of the block's rows where seq_idx changes (its rows lane and lane + 32 hold s0, s1).
+        Returns the seq_idx of the block's last row."""
+        tok0 = blk * TILE + lane
+        tok1 = tok0 + 32
         last0 = cute.arch.shuffle_sync(s0, 31)
         before0 = cute.arch.shuffle_sync_up(s0, 1)
         before1 = cute.arch.shuffle_sync_up(s1, 1)
@@ -480,15 +501,37 @@ class SsdForward:
     def _walk_states(self, walk, loads, blk_first, blk_end, first, second, dt0, dt1, io_type: cutlass.Constexpr):
         """A states-only pass: h over blocks [blk_first, blk_end) with no outputs, the chunk states stored. Two
         blocks per iteration, x and B double-buffered (``first``, ``second``: the walk with outputs' two x buffers,
-        with its B and C tiles), so each block's loads overlap the previous block's work. Sequence changes are not
-        looked at: the runtime sends no packed call here."""
+        with its B and C tiles), so each block's loads overlap the previous block's work. A block's cumsum does not
+        depend on the blocks before it, so the first ``scan_group`` warps scan a group of blocks at once, one each,
+        and a block's chain holds no scan (with one warp scanning every block, the others waited for it at a
+        barrier for ~40 % of the pass). ``dt0``, ``dt1``: warp 0's raw dt of the first block; returns the last raw
+        dt loaded (in their registers). Sequence changes are not looked at: the runtime sends no packed call here."""
+        (a, _, _, _, _, _, _, _, dt, seq_idx, row, h, _, _, _, _, _, _, warp_id, lane) = walk
+        if (warp_id > 0) & (warp_id < self.scan_group):  # (warp 0 has the first block's: dt0, dt1)
+            dt0, dt1, _, _ = self._load_raw(a, dt, seq_idx, row, h, blk_first + warp_id, lane, a.seqlen)
         blk = blk_first
         self._load_states_tiles(loads, first, blk)
         while blk < blk_end:
-            dt0, dt1 = self._states_block(walk, loads, blk, first, second, dt0, dt1, io_type)
+            if (blk - blk_first) % self.scan_group == 0:  # (scan_group is even: a group starts an iteration)
+                dt0, dt1 = self._scan_next_group(walk, blk, dt0, dt1)
+            self._states_block(walk, loads, blk, (blk - blk_first) % self.scan_group, first, second, io_type)
             if blk + 1 < blk_end:
-                dt0, dt1 = self._states_block(walk, loads, blk + 1, second, first, dt0, dt1, io_type)
+                self._states_block(walk, loads, blk + 1, (blk + 1 - blk_first) % self.scan_group, second, first,
+                                   io_type)
             blk = blk + 2
+        return dt0, dt1
+
+    @cute.jit
+    def _scan_next_group(self, walk, blk, dt0, dt1):
+        """Warp w < ``scan_group``: Δ and the cumsums of block blk + w into scan slot w (published by the barrier of
+        block blk, which no warp passes before every block of the group before has read its slot), then the raw
+        dt of block blk + scan_group + w. Returns those raw dt."""
+        (a, _, _, _, _, sDelta, sCs, _, dt, seq_idx, row, h, _, start, end, _, bias, A_log2, warp_id, lane) = walk
+        if warp_id < self.scan_group:
+            self._scan_block(a, dt0, dt1, blk + warp_id, start, end, bias, A_log2, scan_slot(sDelta, warp_id),
+                             scan_slot(sCs, warp_id), lane)
+            dt0, dt1, _, _ = self._load_raw(a, dt, seq_idx, row, h, blk + self.scan_group + warp_id, lane, a.seqlen)
+        return dt0, dt1
 
     @cute.jit
     def _load_states_tiles(self, loads, buffers, blk):
@@ -500,31 +543,26 @@ class SsdForward:
         cute.arch.cp_async_commit_group()
 
     @cute.jit
-    def _states_block(self, walk, loads, blk, here, there, dt0, dt1, io_type: cutlass.Constexpr):
-        """One block of :meth:`_walk_states` from the tiles in ``here``, the next block's loads into ``there``."""
-        (a, states, mma, acc_h, sXw, sDelta, sCs, sChanges, dt, seq_idx, row, h, p0, start, end, blk_end, bias,
-         A_log2, warp_id, lane) = walk
+    def _states_block(self, walk, loads, blk, slot, here, there, io_type: cutlass.Constexpr):
+        """One block of :meth:`_walk_states` from the tiles in ``here`` and the scan ``slot``, the next block's loads
+        into ``there``."""
+        (a, states, mma, acc_h, sXw, sDelta, sCs, _, _, _, row, h, p0, start, end, blk_end, _, _, _, _) = walk
         _, tid, _, _, _, _, _, L = loads
         cute.arch.cp_async_wait_group(0)
-        cute.arch.sync_threads()  # this block's tiles are in; every warp done with the previous block's
+        cute.arch.sync_threads()  # this block's tiles (and a group's scans) are in; every warp done with the last block
         if blk + 1 < blk_end:
             self._load_states_tiles(loads, there, blk + 1)
-        seq0 = Int32(0)
-        seq1 = Int32(0)
-        if warp_id == 0:
-            self._scan_block(a, dt0, dt1, seq0, seq1, seq0, blk, start, end, bias, A_log2, sDelta, sCs, sChanges, lane)
-            dt0, dt1, seq0, seq1 = self._load_raw(a, dt, seq_idx, row, h, blk + 1, lane, L)
-        cute.arch.sync_threads()  # Δ and the cumsums
         block_start = blk * TILE
         s0 = cute.math.max(start, block_start) - block_start
         s1 = cute.math.min(end, block_start + TILE) - block_start
-        base, cs_end = self._run_cumsums(sCs, s0, s1)
-        self._weigh_rows(here[0], sXw, sDelta, sCs, s0, s1, cs_end, tid, io_type)
+        slot_delta = scan_slot(sDelta, slot)
+        slot_cs = scan_slot(sCs, slot)
+        base, cs_end = self._run_cumsums(slot_cs, s0, s1)
+        self._weigh_rows(here[0], sXw, slot_delta, slot_cs, s0, s1, cs_end, tid, io_type)
         fence_operands(mma)  # (and the block's tiles)
-        cute.arch.sync_threads()  # the weighted x
+        cute.arch.sync_threads()  # the weighted x (and every warp done reading the slot)
         self._advance_state(mma, acc_h, sXw, here[1], base, cs_end)
         self._store_chunk_state(a, states, mma, acc_h, row, h, p0, block_start + s1 - 1, L)
-        return dt0, dt1
 
     @cute.jit
     def _run_cumsums(self, sCs, s0, s1):

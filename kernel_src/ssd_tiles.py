@@ -15,6 +15,7 @@ TILE = 64        # tokens per block: the M and K extent of the intra-block produ
 VECTOR = 8       # 16-byte cp.async of 16-bit elements: the runtime checks strides and bases for it
 SMEM_ALIGN = 128
 CHUNK = 8        # elements per 16-byte shared-memory vector
+SCAN_GROUP = 4   # blocks whose Δ a walk's first warps scan at once, warp w the group's block w
 
 
 def async_tile_copy(io_type, threads: int):
@@ -195,6 +196,13 @@ def buffer(storage_range, index, columns: int):
     if not isinstance(index, int):  # (the swizzle and the 16-byte copies need the offset's alignment known)
         offset = cute.assume(offset, divby=TILE * columns)
     return cute.make_tensor(storage_range.data_ptr() + offset, smem_layout((TILE, columns)))
+
+
+def scan_slot(first, slot):
+    """Slot ``slot`` (static or dynamic) of a scan group's per-block shared arrays (SCAN_GROUP of them, one after
+    another), given the first block's view. A block's cumsum does not depend on the blocks before it, so a walk's
+    first SCAN_GROUP warps scan a group of blocks at once and the walk's per-block chain holds no scan."""
+    return cute.make_tensor(first.iterator + slot * cute.size(first), first.layout)
 
 
 def smem_layout(shape):
