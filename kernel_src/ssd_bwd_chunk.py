@@ -3,8 +3,8 @@
 Math (BRIEF §2; the adjoint of the forward's block form in kernel_src/ssd_fwd.py, as in the SSD paper's chunked
 backward, arXiv:2405.21060 §6, and state-spaces/mamba's ``_chunk_scan_bwd_*`` kernels). For one sequence run
 [s0, s1) of a 64-token block, with Λ the natural-log cumsum of a = Δ·A (the kernel holds cs = Λ·log2(e)),
-h₀ / h_end the states entering / leaving the run (h₀ from the forward's 64-token ``states`` or the initial
-state, dh_end from ``dstates`` of the ssd_bwd_dstates pass, in the I/O dtype, or ``dfinal_states``),
+h₀ / h_end the states entering / leaving the run (h₀ from the forward's 64-token ``states``, in the I/O dtype, or
+the initial state, dh_end from ``dstates`` of the ssd_bwd_dstates pass, in the I/O dtype, or ``dfinal_states``),
 G = dout ⊙ silu(z)::
 
     M_ij = (C_i·B_j) e^(Λ_i - Λ_j) [s0 <= j <= i < s1]     S_ij = M_ij Δ_j     Q_ij = G_i·x_j     W = Q ⊙ S
@@ -84,7 +84,7 @@ class SsdBackwardChunk:
             ptr("C", io, align=rows), ptr("D", "fp32"), ptr("z", io, align=rows), ptr("dt_bias", "fp32"),
             ptr("dout", io, align=rows), ptr("dx", io, align=rows), ptr("ddt", io), ptr("dB", io), ptr("dC", io),
             ptr("dz", io, align=rows),
-            ptr("initial_states", st), ptr("initial_state_indices", "int32"), ptr("states", "fp32", align=rows),
+            ptr("initial_states", st), ptr("initial_state_indices", "int32"), ptr("states", io, align=rows),
             ptr("dfinal_states", "fp32"), ptr("dstates", io, align=rows), ptr("partials", "fp32"),
             ptr("group_grads", "fp32"),
             ptr("seq_idx", "int32"), ptr("cu_seqlens", "int32"),

@@ -29,9 +29,9 @@ from cutlass import Float32, Int32
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, strides
 from kernel_src.families import expect_constants
 from kernel_src.ssd_tiles import (CHUNK, SCAN_GROUP, SMEM_ALIGN, TILE, VECTOR, async_tile_copy, block_cumsum, buffer,
-                                  count_changes, fence_operands, load_state, load_tile, make_mma, mask_bit, pairs,
-                                  previous_change, scan_slot, smem_layout, source_tokens, store_state, transposed, vec,
-                                  view)
+                                  count_changes, fence_operands, load_raw_block, load_state, load_tile, make_mma,
+                                  mask_bit, pairs, previous_change, scan_slot, smem_layout, source_tokens,
+                                  store_change_mask, store_state, transposed, vec, view)
 from kernel_src.ssm_math import delta_from_dt, silu
 
 P_TILE = 64
@@ -147,7 +147,7 @@ class SsdBackwardStates:
         # warp w < SCAN_GROUP scans block w of each scan group (the walk goes backwards: the w-th block before the
         # group's first), loading its dt and seq_idx a group ahead (the other warps of an 8-warp CTA never use
         # theirs); every thread loads its share of a block's tiles into the other buffer a block ahead
-        dt0, dt1, here0, before0, here1, before1 = self._load_raw(
+        dt0, dt1, here0, before0, here1, before1 = load_raw_block(
             a, dt, seq_idx, row, h, (blk_first + blk_count - 1 - warp_id) * TILE, start, end, lane)
 
         sources = (dout[row, None, h, None], z[row, None, h, None], Cm[row, None, g, None])
@@ -167,7 +167,7 @@ class SsdBackwardStates:
                     self._scan_block(a, (dt0, dt1, here0, before0, here1, before1), block_start - warp_id * TILE,
                                      start, end, bias, A_log2, scan_slot(sCs, warp_id), scan_slot(sChanges, warp_id),
                                      lane)
-                    dt0, dt1, here0, before0, here1, before1 = self._load_raw(
+                    dt0, dt1, here0, before0, here1, before1 = load_raw_block(
                         a, dt, seq_idx, row, h, block_start - (warp_id + SCAN_GROUP) * TILE, start, end, lane)
             cute.arch.cp_async_wait_group(1)  # this block's tiles (the next block's may still be in flight)
             fence_operands(mma)  # (wgmma reads C through the async proxy)
@@ -266,35 +266,9 @@ class SsdBackwardStates:
                 buffer(storage.C, index, self.d_state))
 
     @cute.jit
-    def _load_raw(self, a, dt, seq_idx, row, h, block_start, start, end, lane):
-        """A warp: the raw dt of a block's rows lane and lane + 32 inside [start, end) (zero elsewhere), and the
-        seq_idx there and one row before (equal where no change can be). They stay as loaded until _scan_block:
-        converting or comparing them here would wait for the loads."""
-        tok0 = block_start + lane
-        tok1 = tok0 + 32
-        dt0 = dt.element_type(0.0)
-        dt1 = dt.element_type(0.0)
-        here0 = Int32(0)
-        before0 = Int32(0)
-        here1 = Int32(0)
-        before1 = Int32(0)
-        if (tok0 >= start) & (tok0 < end):
-            dt0 = dt[row, tok0, h]
-            if a.has_seq_idx != 0:
-                if tok0 > start:
-                    here0 = seq_idx[row, tok0]
-                    before0 = seq_idx[row, tok0 - 1]
-        if (tok1 >= start) & (tok1 < end):
-            dt1 = dt[row, tok1, h]
-            if a.has_seq_idx != 0:
-                here1 = seq_idx[row, tok1]
-                before1 = seq_idx[row, tok1 - 1]
-        return dt0, dt1, here0, before0, here1, before1
-
-    @cute.jit
     def _scan_block(self, a, raw, block_start, start, end, bias, A_log2, sCs, sChanges, lane):
         """A warp: the block's cumsum of Δ·A·log2(e) (Δ = 0 outside [start, end)) and the mask of rows where
-        seq_idx differs from the row before (a sequence start inside [start, end)), from :meth:`_load_raw`."""
+        seq_idx differs from the row before (a sequence start inside [start, end)), from ``load_raw_block``."""
         dt0, dt1, here0, before0, here1, before1 = raw
         tok0 = block_start + lane
         tok1 = tok0 + 32
@@ -304,20 +278,10 @@ class SsdBackwardStates:
             d0 = delta_from_dt(dt0.to(Float32), bias, a.dt_softplus, a.dt_min, a.dt_max)
         if (tok1 >= start) & (tok1 < end):
             d1 = delta_from_dt(dt1.to(Float32), bias, a.dt_softplus, a.dt_min, a.dt_max)
-        change0 = Int32(0)
-        change1 = Int32(0)
-        if here0 != before0:
-            change0 = Int32(1)
-        if here1 != before1:
-            change1 = Int32(1)
         c0, c1 = block_cumsum(d0, d1, A_log2, lane)
         sCs[lane] = c0
         sCs[lane + 32] = c1
-        lo = cute.arch.vote_ballot_sync(change0 != 0)
-        hi = cute.arch.vote_ballot_sync(change1 != 0)
-        if lane == 0:
-            sChanges[0] = Int32(lo)
-            sChanges[1] = Int32(hi)
+        store_change_mask((here0, before0, here1, before1), sChanges, lane)
 
     @cute.jit
     def _gated_rows(self, a, sDout, sZ, sGe, sCs, base, s0, s1, tid, io_type: cutlass.Constexpr):

@@ -47,7 +47,7 @@ from kernel_src.families import expect_constants
 from kernel_src.ssd_tiles import (CHUNK, SCAN_GROUP, SMEM_ALIGN, TILE, VECTOR, async_tile_copy, block_cumsum, buffer,
                                   fence_operands, load_tile, make_mma, mask_bit, mn_view, next_change, pairs, scale_row,
                                   scan_slot, smem_layout, source_tokens, store_pairs, store_state, transposed, vec,
-                                  view)
+                                  vector, view)
 from kernel_src.ssm_math import delta_from_dt, silu_approx
 
 P_TILE = 64      # head-dim rows per CTA
@@ -63,6 +63,10 @@ class SsdForward:
     io_dtypes = ("bf16", "fp16")
     state_dtypes = ("fp32", "bf16", "fp16")
     target_arch = None  # set by the build (compile_variant) before compiling
+    # ssd_fwd_states (kernel_src/ssd_fwd_states.py) is this class walking block states only: its walk, its extra
+    # parameters and its scan group's sequence-change masks
+    block_states_walk = False
+    change_slots = 1
 
     def __init__(self, headdim: int, d_state: int, io_dtype: str, state_dtype: str):
         expect_constants(self, headdim=headdim, d_state=d_state, io_dtype=io_dtype, state_dtype=state_dtype)
@@ -130,7 +134,11 @@ class SsdForward:
             i32("has_final_states"), i32("has_final_state_indices"),
             i32("has_chunk_states"), i32("has_seq_idx"), i32("has_cu_seqlens"),
             f32("dt_min"), f32("dt_max"),
+            *self._extra_params(),
         ]
+
+    def _extra_params(self):
+        return []
 
     @cute.jit
     def __call__(self, args: tuple, stream):
@@ -173,6 +181,7 @@ class SsdForward:
             final_indices=view(a.final_state_indices, (a.num_seqs,), a.stride_final_state_indices_seq),
             chunks=view(a.chunk_states, (a.batch, a.nchunks, H, P, N), pairs(a.stride_chunk_states_batch),
                         pairs(a.stride_chunk_states_chunk), pairs(a.stride_chunk_states_head), N, 1),
+            blocks=self._block_states_view(a),
         )
 
         # This CTA's tokens: [start, end) of one row (or of one segment of it), and the number of its first sequence.
@@ -243,29 +252,40 @@ class SsdForward:
                     prev_seq = seq_idx[row, start]
             dt_next0, dt_next1, seq_next0, seq_next1 = self._load_raw(a, dt, seq_idx, row, h, blk_first, lane, L)
 
-        if a.states_only != 0:
+        if cutlass.const_expr(self.block_states_walk):
             loads = (g2s, tid, gx, gB, ident_x, ident_BC, ptile, L)
-            walk = (a, states, mma, acc_h, sXw, sDelta, sCs, sChanges, dt, seq_idx, row, h, p0, start, end, blk_end,
+            walk = (a, states, mma, acc_h, sXw, sDelta, sCs, sChanges, sH, dt, seq_idx, row, h, p0, start, end, blk_end,
                     bias, A_log2, warp_id, lane)
-            # (the walk's raw dt take the registers of warp 0's: nothing is left for the walk with outputs)
-            dt_next0, dt_next1 = self._walk_states(walk, loads, blk_first, blk_end, (buffer(storage.x, 0, P_TILE), sB),
-                                                   (buffer(storage.x, 1, P_TILE), sC), dt_next0, dt_next1, io_type)
-            blk_end = blk_first
+            self._walk_block_states(walk, loads, blk_first, blk_end, (buffer(storage.x, 0, P_TILE), sB),
+                                    (buffer(storage.x, 1, P_TILE), sC), seq, io_type)
+        else:
+            if a.states_only != 0:
+                loads = (g2s, tid, gx, gB, ident_x, ident_BC, ptile, L)
+                walk = (a, states, mma, acc_h, sXw, sDelta, sCs, sChanges, dt, seq_idx, row, h, p0, start, end,
+                        blk_end, bias, A_log2, warp_id, lane)
+                # (the walk's raw dt take the registers of warp 0's: nothing is left for the walk with outputs)
+                dt_next0, dt_next1 = self._walk_states(walk, loads, blk_first, blk_end,
+                                                       (buffer(storage.x, 0, P_TILE), sB),
+                                                       (buffer(storage.x, 1, P_TILE), sC), dt_next0, dt_next1, io_type)
+                blk_end = blk_first
 
-        # Each block's tiles are loaded, and its Δ scanned by warp 0, while the block before it finishes: two blocks
-        # per iteration, so that x and z alternate between their two buffers statically.
-        outputs_walk = (a, states, mma, acc_h, dt, seq_idx, out, row, h, p0, ptile, segment, start, end, blk_first,
-                        blk_end, bias, A_log2, tid, warp_id, lane, sources)
-        smem = (storage, sB, sC, sS, sXw, sY, sH, sD, sDelta, sCs, sChanges)
-        for pair in range(blk_first, blk_end, 2):
-            for parity in cutlass.range_constexpr(2):
-                if pair + parity < blk_end:
-                    seq, prev_seq, dt_next0, dt_next1, seq_next0, seq_next1 = self._block(
-                        outputs_walk, smem, pair + parity, parity, seq, prev_seq, dt_next0, dt_next1, seq_next0,
-                        seq_next1, state_type, io_type)
+            # Each block's tiles are loaded, and its Δ scanned by warp 0, while the block before it finishes: two
+            # blocks per iteration, so that x and z alternate between their two buffers statically.
+            outputs_walk = (a, states, mma, acc_h, dt, seq_idx, out, row, h, p0, ptile, segment, start, end, blk_first,
+                            blk_end, bias, A_log2, tid, warp_id, lane, sources)
+            smem = (storage, sB, sC, sS, sXw, sY, sH, sD, sDelta, sCs, sChanges)
+            for pair in range(blk_first, blk_end, 2):
+                for parity in cutlass.range_constexpr(2):
+                    if pair + parity < blk_end:
+                        seq, prev_seq, dt_next0, dt_next1, seq_next0, seq_next1 = self._block(
+                            outputs_walk, smem, pair + parity, parity, seq, prev_seq, dt_next0, dt_next1, seq_next0,
+                            seq_next1, state_type, io_type)
 
-        if segment == a.segments - 1:
-            self._end_sequence(a, states, mma, acc_h, seq, h, p0, state_type)
+            if segment == a.segments - 1:
+                self._end_sequence(a, states, mma, acc_h, seq, h, p0, state_type)
+
+    def _block_states_view(self, a):
+        return None
 
     @cute.jit
     def _block(self, walk, smem, blk, parity: cutlass.Constexpr, seq, prev_seq, dt0, dt1, seq0, seq1,
@@ -350,7 +370,7 @@ class SsdForward:
             # a scan group's Δ and cumsums (the walk with outputs uses the first block's)
             delta: cute.struct.Align[cute.struct.MemRange[Float32, SCAN_GROUP * TILE], SMEM_ALIGN]
             cs: cute.struct.Align[cute.struct.MemRange[Float32, SCAN_GROUP * TILE], SMEM_ALIGN]
-            changes: cute.struct.Align[cute.struct.MemRange[Int32, 2], SMEM_ALIGN]
+            changes: cute.struct.Align[cute.struct.MemRange[Int32, 2 * self.change_slots], SMEM_ALIGN]
 
         return SharedStorage
 
@@ -628,9 +648,6 @@ class SsdForward:
     @cute.jit
     def _store_runs(self, sY, sX, sZ, sD, rows, ptile, block_start, s0, s1, worker, gated: cutlass.Constexpr,
                     io_type: cutlass.Constexpr):
-        def chunk(tile, run):  # a run's 8 columns (16 bytes of x or z, 32 of y): one vector
-            return cute.zipped_divide(tile, (CHUNK,))[None, run]
-
         workers = self.threads - 32
         runs = P_TILE // CHUNK
         for k in cutlass.range_constexpr((TILE * runs + workers - 1) // workers):
@@ -639,18 +656,19 @@ class SsdForward:
             run = item % runs
             if (item < TILE * runs) & (s >= s0) & (s < s1):
                 y = cute.make_rmem_tensor((CHUNK,), Float32)
-                y.store(chunk(sY[s, None], run).load() + chunk(sD, run).load() * chunk(sX[s, None], run).load().to(
+                y.store(vector(sY[s, None], run).load() + vector(sD, run).load() * vector(sX[s, None], run).load().to(
                     Float32))
                 if cutlass.const_expr(gated):
                     z = cute.make_rmem_tensor((CHUNK,), Float32)
-                    z.store(chunk(sZ[s, None], run).load().to(Float32))
+                    z.store(vector(sZ[s, None], run).load().to(Float32))
                     for e in cutlass.range_constexpr(CHUNK):
                         y[e] = y[e] * silu_approx(z[e])
-                chunk(rows[block_start + s, None], ptile * runs + run).store(y.load().to(io_type))
+                vector(rows[block_start + s, None], ptile * runs + run).store(y.load().to(io_type))
 
     @cute.jit
-    def _begin_sequence(self, a, states, mma, acc_h, sH, seq, h, p0, io_type):
-        """h = the sequence's initial state (zero if none, or if its index is out of range), also into sH."""
+    def _begin_sequence(self, a, states, mma, acc_h, sH, seq, h, p0, io_type, staged: cutlass.Constexpr = True):
+        """h = the sequence's initial state (zero if none, or if its index is out of range), also into sH when
+        ``staged`` (the next products' h₀)."""
         slot = seq
         valid = Int32(0)
         if a.has_initial_states != 0:
@@ -660,11 +678,12 @@ class SsdForward:
                 if slot >= 0:
                     if slot < a.num_initial_slots:
                         valid = Int32(1)
-        self._set_state(mma, acc_h, sH, states.initial[slot, h, None, None], valid != 0, p0, io_type)
+        self._set_state(mma, acc_h, sH, states.initial[slot, h, None, None], valid != 0, p0, io_type, staged)
 
     @cute.jit
-    def _set_state(self, mma, acc_h, sH, block, valid, p0, io_type):
-        """h = rows p0... of a P × N state block (zero unless valid), also into sH in the I/O dtype."""
+    def _set_state(self, mma, acc_h, sH, block, valid, p0, io_type, staged: cutlass.Constexpr = True):
+        """h = rows p0... of a P × N state block (zero unless valid), also into sH in the I/O dtype when
+        ``staged``."""
         coords = mma.thr.partition_C(cute.make_identity_tensor((P_TILE, self.d_state)))
         part_H = mma.thr.partition_C(sH)
         for e in cutlass.range_constexpr(cute.size(acc_h)):
@@ -672,7 +691,8 @@ class SsdForward:
             if valid:
                 v = block[p0 + coords[e][0], coords[e][1]].to(Float32)
             acc_h[e] = v
-            part_H[e] = v.to(io_type)
+            if cutlass.const_expr(staged):
+                part_H[e] = v.to(io_type)
 
     @cute.jit
     def _end_sequence(self, a, states, mma, acc_h, seq, h, p0, state_type):
@@ -690,6 +710,6 @@ class SsdForward:
 class StateViews:
     """The state tensors of a call, by role (a plain holder: passed whole to the helpers)."""
 
-    def __init__(self, initial, initial_indices, final, final_indices, chunks):
+    def __init__(self, initial, initial_indices, final, final_indices, chunks, blocks):
         self.initial, self.initial_indices = initial, initial_indices
-        self.final, self.final_indices, self.chunks = final, final_indices, chunks
+        self.final, self.final_indices, self.chunks, self.blocks = final, final_indices, chunks, blocks

@@ -198,6 +198,11 @@ def buffer(storage_range, index, columns: int):
     return cute.make_tensor(storage_range.data_ptr() + offset, smem_layout((TILE, columns)))
 
 
+def vector(row, index):
+    """Elements 8·index .. 8·index + 7 of a row: one 16-byte vector of 16-bit values (32 bytes of fp32)."""
+    return cute.zipped_divide(row, (CHUNK,))[None, index]
+
+
 def scan_slot(first, slot):
     """Slot ``slot`` (static or dynamic) of a scan group's per-block shared arrays (SCAN_GROUP of them, one after
     another), given the first block's view. A block's cumsum does not depend on the blocks before it, so a walk's
@@ -368,6 +373,51 @@ def hold_over_zero_runs(c0: Float32, c1: Float32, nonzero0, nonzero1, lane: Int3
     elif mask0 != 0:
         held1 = from_first1
     return held0, held1
+
+
+@cute.jit
+def load_raw_block(a, dt, seq_idx, row, h, block_start, start, end, lane):
+    """A warp: the raw dt of a block's rows lane and lane + 32 inside [start, end) (zero elsewhere), and the
+    seq_idx there and one row before (equal where no change can be; ``a`` holds has_seq_idx). They stay as loaded
+    until the block's scan: converting or comparing them here would wait for the loads."""
+    tok0 = block_start + lane
+    tok1 = tok0 + 32
+    dt0 = dt.element_type(0.0)
+    dt1 = dt.element_type(0.0)
+    here0 = Int32(0)
+    before0 = Int32(0)
+    here1 = Int32(0)
+    before1 = Int32(0)
+    if (tok0 >= start) & (tok0 < end):
+        dt0 = dt[row, tok0, h]
+        if a.has_seq_idx != 0:
+            if tok0 > start:
+                here0 = seq_idx[row, tok0]
+                before0 = seq_idx[row, tok0 - 1]
+    if (tok1 >= start) & (tok1 < end):
+        dt1 = dt[row, tok1, h]
+        if a.has_seq_idx != 0:
+            here1 = seq_idx[row, tok1]
+            before1 = seq_idx[row, tok1 - 1]
+    return dt0, dt1, here0, before0, here1, before1
+
+
+@cute.jit
+def store_change_mask(seq_pairs, sChanges, lane):
+    """A warp: the 64-bit mask of a block's rows where seq_idx differs from the row before, into sChanges, from
+    the (here, before) seq_idx of rows lane and lane + 32 (``load_raw_block``'s)."""
+    here0, before0, here1, before1 = seq_pairs
+    change0 = Int32(0)
+    change1 = Int32(0)
+    if here0 != before0:
+        change0 = Int32(1)
+    if here1 != before1:
+        change1 = Int32(1)
+    lo = cute.arch.vote_ballot_sync(change0 != 0)
+    hi = cute.arch.vote_ballot_sync(change1 != 0)
+    if lane == 0:
+        sChanges[0] = Int32(lo)
+        sChanges[1] = Int32(hi)
 
 
 @cute.jit

@@ -41,12 +41,12 @@ def steps(**args):
 
 def test_valid_call_binds_four_launches():
     bound = steps(**bwd_args())
-    assert [family for family, _ in bound] == ["ssd_fwd", "ssd_bwd_dstates", "ssd_bwd_chunk", "ssd_bwd_reduce"]
+    assert [family for family, _ in bound] == ["ssd_fwd_states", "ssd_bwd_dstates", "ssd_bwd_chunk", "ssd_bwd_reduce"]
     for family, call in bound:
         assert set(call.params) == set(PLANS[family].param_names), family
     forward, states, chunk, reduce = (call for _, call in bound)
-    assert forward.params["chunk_size"] == 64 and forward.params["has_chunk_states"] == 1
-    assert forward.params["has_z"] == 0 and forward.params["states_only"] == 1  # (the chunk pass computes y)
+    assert forward.params["has_block_states"] == 1 and forward.params["has_chunk_states"] == 0
+    assert forward.params["has_z"] == 0  # (the chunk pass computes y)
     # 20 (block, group, row) CTAs: each group's 4 heads split over 4 CTAs, and the reduce adds their dB / dC shares
     splits = H // G
     group_sum_ctas = -(-BATCH * L * G * N // 1024)
@@ -63,7 +63,11 @@ def test_valid_call_binds_four_launches():
                "partials": chunk.params["partials"], "group_grads": chunk.params["group_grads"]}
     assert reduce.params["group_grads"] == regions["group_grads"]
     assert chunk.params["stride_group_grads_split"] == BATCH * L * G * N
-    assert forward.params["chunk_states"] == regions["states"] and states.params["dstates"] == regions["dstates"]
+    assert forward.params["block_states"] == regions["states"] and states.params["dstates"] == regions["dstates"]
+    # the states in the I/O dtype (fp16 here), each (row, block, head)'s P × N contiguous
+    assert (forward.params["stride_block_states_head"], forward.params["stride_block_states_block"],
+            chunk.params["stride_states_block"]) == (P * N, H * P * N, H * P * N)
+    assert regions["dstates"] - regions["states"] == -(-BATCH * NBLOCKS * H * P * N * 2 // 256) * 256
     assert reduce.params["partials"] == regions["partials"]
     starts = sorted(regions.values())
     assert all(lo <= s < hi and s % 256 == 0 for s in starts) and len(set(starts)) == 4
@@ -74,19 +78,19 @@ def test_valid_call_binds_four_launches():
 
 
 @pytest.mark.parametrize("gated", [False, True])
-def test_without_packed_sequences_the_recompute_is_one_states_only_pass(gated):
+def test_the_recompute_is_one_states_only_pass(gated):
     # (the chunk pass recomputes y for dz itself)
     (family, forward), (second, _), *_ = steps(**bwd_args(**({} if gated else {"z": None, "dz": None})))
-    assert family == "ssd_fwd" and second == "ssd_bwd_dstates"
-    assert forward.params["states_only"] == 1 and forward.params["has_chunk_states"] == 1
+    assert family == "ssd_fwd_states" and second == "ssd_bwd_dstates"
+    assert forward.params["has_block_states"] == 1 and forward.params["has_chunk_states"] == 0
     assert forward.params["segments"] == 1 and forward.params["seqlen"] == L
-    assert forward.params["has_final_states"] == 0 and [a.name for a in forward.outputs] == ["chunk_states"]
-    # packed sequences: the whole forward (the states-only walk does not follow sequence changes)
+    assert forward.params["has_final_states"] == 0 and [a.name for a in forward.outputs] == ["block_states"]
+    # packed sequences too (the walk splits blocks at sequence starts)
     packed = steps(**bwd_args(seq_idx=fake_array(0x7f000000, (BATCH, L), "int32"), initial_states=None,
                               dfinal_states=None, dinitial_states=None))
-    (_, whole), *_ = packed
-    assert whole.params["states_only"] == 0 and "out" in [a.name for a in whole.outputs]
-    assert whole.params["out"] == _ptr(bwd_args()["dx"])  # its y goes unread into dx, which the chunk pass writes
+    (family, walk), *_ = packed
+    assert family == "ssd_fwd_states" and walk.params["has_seq_idx"] == 1 and walk.params["has_block_states"] == 1
+    assert [a.name for a in walk.outputs] == ["block_states"]
 
 
 def test_head_splits_only_when_too_few_ctas():
@@ -228,7 +232,7 @@ def stub_launches(monkeypatch):
     log = []
 
     def load(drv, plan, constants, device, *, capture_stream=None):
-        if capture_stream is not None and drv.stream_is_capturing(capture_stream) and plan.family != "ssd_fwd":
+        if capture_stream is not None and drv.stream_is_capturing(capture_stream) and plan.family != "ssd_fwd_states":
             raise errors.GraphCaptureError(f"{plan.family} is not loaded")
         return _StubKernel(plan.family, log)
     monkeypatch.setattr(dispatch, "load_kernel", load)
@@ -239,7 +243,7 @@ def test_steps_launch_in_order(stub_launches):
     from mamba2_aot import dispatch
     _, log = stub_launches
     dispatch.launch("ssd_bwd", stream=0, **bwd_args())
-    assert log == ["ssd_fwd", "ssd_bwd_dstates", "ssd_bwd_chunk", "ssd_bwd_reduce"]
+    assert log == ["ssd_fwd_states", "ssd_bwd_dstates", "ssd_bwd_chunk", "ssd_bwd_reduce"]
 
 
 def test_device_and_load_errors_come_before_any_launch(stub_launches):

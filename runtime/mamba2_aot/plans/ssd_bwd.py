@@ -36,9 +36,9 @@ no gradients for ``ssd_fwd``'s ``chunk_states`` or final-state pools.
 
 Steps (launches on one stream, in order; everything validated before the first):
 
-1. ``ssd_fwd`` recomputes the state after every 64-token block (``workspace.states``, ``chunk_size`` 64) in one
-   states-only pass (no outputs); with packed sequences, which that walk does not follow, it runs the whole forward
-   instead (one launch: packed calls are not split), its y going unread into dx (which step 3 then writes);
+1. ``ssd_fwd_states``, the forward's states-only walk, recomputes the state after every 64-token block
+   (``workspace.states``, in the I/O dtype) in one pass with no outputs (packed sequences too: it splits a block at
+   its sequence starts);
 2. ``ssd_bwd_dstates`` walks each sequence backwards: the state gradient after every block (``workspace.dstates``)
    and ``dinitial_states``;
 3. ``ssd_bwd_chunk``, one CTA per (64-token block, group, row, head split): dx, ddt, dz (from y, which it
@@ -48,9 +48,10 @@ Steps (launches on one stream, in order; everything validated before the first):
    share of dB and dC (``workspace.group_grads``) instead of dB and dC;
 4. ``ssd_bwd_reduce``, one CTA per head: dA, dD, ddt_bias; with head splits, more CTAs add the shares of dB and dC.
 
-Workspace (each region 256-byte aligned): states (batch · ceil(L/64) · H · P · N, fp32) and dstates (as many, io
-dtype: the chunk pass's products take dh_end in that dtype; its ⟨dh_end, h₀⟩ then has dh_end so rounded; Triton's
-backward keeps its state gradients in the I/O dtype too), partials (batch · ceil(L/64) · H · (P + 2), fp32) and, with
+Workspace (each region 256-byte aligned): states and dstates (batch · ceil(L/64) · H · P · N each, in the I/O dtype:
+the chunk pass's products take h₀ and dh_end in that dtype, so rounding them on the way halves their bytes and
+changes only ⟨dh_end, h₀⟩, which then has both rounded; Triton's backward keeps its states and state gradients in the
+I/O dtype too), partials (batch · ceil(L/64) · H · (P + 2), fp32) and, with
 head splits, group_grads (2 · head_splits · batch · L · G · N, fp32; the region is kept at the most any call with at
 most this batch and length needs, so that a workspace sized for one call serves every smaller one). Deterministic:
 no atomics, every sum in a fixed order, so repeated calls give bitwise-identical gradients.
@@ -65,7 +66,7 @@ from ..tensors import DeviceArray, ITEMSIZE, as_device_array
 from ..validation import (BoundCall, check_call, expect_dtype, expect_given, expect_rank, expect_shape,
                           expect_complete, expect_state_blocks, null_absent, record_strides, stride_names)
 from .base import CompositePlan, LaunchPlan
-from .ssd_fwd import BLOCK, IO_DTYPES, SsdForwardPlan, expect_vector_operand, expect_workspace, states_only_call
+from .ssd_fwd import BLOCK, IO_DTYPES, SsdForwardPlan, block_states_call, expect_vector_operand, expect_workspace
 from .ssm_inputs import SSM_INPUT_STRIDES, expect_groups
 
 ALIGN = 256        # bytes: alignment of each workspace region
@@ -180,7 +181,7 @@ class Workspace:
         nblocks = -(-seqlen // BLOCK)
         self.head_splits = head_splits(batch, nblocks, ngroups, nheads // ngroups)
         state_shape = (batch, nblocks, nheads, headdim, d_state)
-        self.layout = [("states", state_shape, "fp32"), ("dstates", state_shape, io),
+        self.layout = [("states", state_shape, io), ("dstates", state_shape, io),
                        ("partials", (batch, nblocks, nheads, headdim + PARTIAL_EXTRA), "fp32")]
         if self.head_splits > 1:
             self.layout.append(("group_grads", (2, self.head_splits, batch, seqlen, ngroups, d_state), "fp32"))
@@ -203,7 +204,7 @@ def _rename(arr: DeviceArray | None, name: str) -> DeviceArray | None:
 
 class SsdBackwardPlan(CompositePlan):
     family = "ssd_bwd"
-    step_families = ("ssd_fwd", "ssd_bwd_dstates", "ssd_bwd_chunk", "ssd_bwd_reduce")
+    step_families = ("ssd_fwd_states", "ssd_bwd_dstates", "ssd_bwd_chunk", "ssd_bwd_reduce")
     arrays = ("x", "dt", "A", "B", "C", "dout", "dx", "ddt", "dA", "dB", "dC", "workspace", "D", "z", "dt_bias",
               "initial_states", "initial_state_indices", "dfinal_states", "seq_idx", "cu_seqlens", "dD", "dz",
               "ddt_bias", "dinitial_states")
@@ -233,16 +234,15 @@ class SsdBackwardPlan(CompositePlan):
         expect_workspace(workspace, "ssd_bwd", ws.size)
         views = ws.views(workspace)
 
-        # 1. the forward, recomputed: its validation is the forward's own; its y, computed only for packed sequences,
-        # goes unread into dx (checked here first, so that an error names it)
+        # 1. the forward's states, recomputed: its validation is the forward's own (dx stands in for its out, which
+        # the states-only walk does not write: checked here first, so that an error names it)
         expect_dtype(dx, (io,))
         expect_shape(dx, x.shape, f"the shape of {x.name}")
         expect_vector_operand(dx)
         forward = SsdForwardPlan().bind(
             x=x, dt=dt, A=A, B=B, C=C, out=_rename(dx, "out"), chunk_size=BLOCK, D=D, dt_bias=dt_bias,
             dt_softplus=dt_softplus, dt_limit=dt_limit, initial_states=initial_states,
-            initial_state_indices=initial_state_indices, chunk_states=_rename(views["states"], "chunk_states"),
-            seq_idx=seq_idx, cu_seqlens=cu_seqlens)
+            initial_state_indices=initial_state_indices, seq_idx=seq_idx, cu_seqlens=cu_seqlens)
         fp = forward.params
         G = nheads // fp["heads_per_group"]
         nblocks = -(-seqlen // BLOCK)
@@ -382,8 +382,6 @@ class SsdBackwardPlan(CompositePlan):
         written = (dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states, workspace)
         check_call(BoundCall({}, (1, 1, 1), {}, tuple(a for a in read if a is not None),
                              tuple(a for a in written if a is not None)))
-        # the chunk pass computes y itself (for dz): the recompute is the states-only walk (one pass, no outputs),
-        # or with packed sequences, which it does not follow, the whole forward (never split for them)
-        recompute = [states_only_call(forward) if seq_idx is None and cu_seqlens is None else forward]
-        return ([("ssd_fwd", step) for step in recompute]
+        # the chunk pass computes y itself (for dz): the recompute is the states-only walk (one pass, no outputs)
+        return ([block_states_call(forward, _rename(views["states"], "block_states"))]
                 + [("ssd_bwd_dstates", states_call), ("ssd_bwd_chunk", chunk_call), ("ssd_bwd_reduce", reduce_call)])

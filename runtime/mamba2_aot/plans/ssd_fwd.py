@@ -79,7 +79,7 @@ from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_complete, 
                           expect_dtype, expect_given, expect_int, expect_rank, expect_shape, null_absent,
                           expect_state_blocks, record_strides, stride_names, vector_misfit)
 from ..tensors import DeviceArray, as_device_array
-from .base import CompositePlan
+from .base import CompositePlan, LaunchPlan
 from .sequence_states import bind_cu_seqlens, bind_sequence_states, state_dtype
 from .ssm_inputs import SSM_STRIDES, bind_ssm_inputs, x_shape
 
@@ -258,23 +258,47 @@ class SsdForwardPlan(CompositePlan):
         )
 
 
+class SsdForwardStatesPlan(LaunchPlan):
+    """ssd_bwd's recompute of the forward's states (``kernel_src/ssd_fwd_states.py``, bound by
+    :func:`block_states_call`): registered so that preload and the manifest checks see it; launching it on its own
+    is refused."""
+    family = "ssd_fwd_states"
+    grid_rule = SsdForwardPlan.grid_rule
+    # ssd_fwd's (its states_only is 1), then the block states this walk writes
+    param_names = (SsdForwardPlan.param_names + ("block_states",)
+                   + stride_names("block_states", "batch", "block", "head") + ("has_block_states",))
+
+    def bind(self, **kwargs) -> BoundCall:
+        raise InvalidArgumentError("family", "ssd_fwd_states is a step of ssd_bwd: call launch('ssd_bwd', ...)")
+
+
 def _entering_state_bytes(batch: int, nheads: int, headdim: int, d_state: int) -> int:
     """Workspace bytes per segment after the first: the fp32 state entering it, per (row, head)."""
     return batch * nheads * headdim * d_state * 4
 
 
-def states_only_call(call: BoundCall) -> BoundCall:
-    """``call`` as one states-only launch over its whole length: its chunk_states, and nothing else (no out, no
-    final states). For calls that ask for chunk_states and pack no sequences (the states-only walk does not follow
-    sequence changes): ssd_bwd's recompute."""
+def block_states_call(call: BoundCall, states: DeviceArray) -> tuple[str, BoundCall]:
+    """``call`` (bound without chunk_states) as ``ssd_fwd_states``: the states-only walk writing the state after
+    every 64-token block (after the last token of the block's sequence that reaches its end, or of the row) to
+    ``states``, (batch, ceil(seqlen / 64), nheads, headdim, d_state) in the I/O dtype with 16-byte aligned rows,
+    and nothing else: ssd_bwd's recompute. Packed sequences too (the walk splits blocks at sequence starts)."""
     p = call.params
-    assert p["has_chunk_states"] and not (p["has_seq_idx"] or p["has_cu_seqlens"]), "not a states-only call"
-    return call._replace(params=_states_only(p), outputs=tuple(a for a in call.outputs if a.name == "chunk_states"))
+    assert not p["has_chunk_states"], "block states replace chunk states"
+    headdim, d_state = call.constants["headdim"], call.constants["d_state"]
+    expect_dtype(states, (call.constants["io_dtype"],))
+    expect_shape(states, (p["batch"], -(-p["seqlen"] // BLOCK), p["nheads"], headdim, d_state),
+                 "(batch, ceil(seqlen / 64), nheads, headdim, d_state)")
+    expect_state_blocks(states, d_state, "(row, block, head)")
+    expect_vector_operand(states)
+    params = _states_only(p, has_chunk_states=0, block_states=states.ptr, has_block_states=1)
+    record_strides(params, states, ("batch", "block", "head"))
+    return "ssd_fwd_states", call._replace(params=params, outputs=(states,))
 
 
 def _states_only(params: dict, **changes) -> dict:
     """A call's kernel parameters (with ``changes``) for the states-only walk: chunk states out, nothing else."""
-    return dict(params, **changes, states_only=1, has_chunk_states=1, has_final_states=0, has_final_state_indices=0)
+    return dict(params, **{"has_chunk_states": 1, **changes}, states_only=1, has_final_states=0,
+                has_final_state_indices=0)
 
 
 def split_call(call: BoundCall, workspace: DeviceArray | None) -> list[BoundCall]:
