@@ -68,7 +68,9 @@ def unsupported(family: str, constants: dict, arch: str) -> str | None:
     None. The build skips such variants for that arch; the runtime then reports them as not built there."""
     from kernel_src.cubin_checks import SMEM_LIMIT
 
-    need = kernel_class(family)(**constants).dynamic_smem
+    kernel = kernel_class(family)(**constants)
+    kernel.target_arch = arch  # (a kernel may size its shared memory for the target: ssd_fwd's scan slots)
+    need = kernel.dynamic_smem
     if need > SMEM_LIMIT[arch]:
         return f"needs {need} B of shared memory per CTA, {arch} allows {SMEM_LIMIT[arch]} B"
     return None

@@ -72,7 +72,11 @@ class SsdForward:
         expect_constants(self, headdim=headdim, d_state=d_state, io_dtype=io_dtype, state_dtype=state_dtype)
         self.headdim, self.d_state, self.io_dtype, self.state_dtype = headdim, d_state, io_dtype, state_dtype
         self.cluster = (1, 1, 1)
-        self.dynamic_smem = self._shared_storage(cutlass_dtype(io_dtype)).size_in_bytes()
+
+    @property
+    def dynamic_smem(self):
+        """Bytes of shared memory per CTA (the scan slots follow the target's scan group: set target_arch first)."""
+        return self._shared_storage(cutlass_dtype(self.io_dtype)).size_in_bytes()
 
     # The CTA's shape follows the MMA kind, so it is known once the build has set target_arch.
     def _warpgroup_mma(self):
@@ -101,6 +105,12 @@ class SsdForward:
         """Blocks the states-only pass scans at once (at most SCAN_GROUP, even). Two on the warp-MMA CTA: with four
         warps' raw dt in registers beside its operand fragments, sm_100a's N = 256 spilled."""
         return SCAN_GROUP if self._warpgroup_mma() else 2
+
+    @property
+    def scan_slots(self):
+        """Per-block Δ / cumsum slots in shared memory: the scan group's, as few as it needs (sm_120a's N = 128
+        variants fit its 99 KB per CTA only with two)."""
+        return self.scan_group
 
     @property
     def min_ctas_per_sm(self):
@@ -368,8 +378,8 @@ class SsdForward:
             h: cute.struct.Align[cute.struct.MemRange[io_type, P_TILE * N], SMEM_ALIGN]
             D: cute.struct.Align[cute.struct.MemRange[Float32, P_TILE], SMEM_ALIGN]
             # a scan group's Δ and cumsums (the walk with outputs uses the first block's)
-            delta: cute.struct.Align[cute.struct.MemRange[Float32, SCAN_GROUP * TILE], SMEM_ALIGN]
-            cs: cute.struct.Align[cute.struct.MemRange[Float32, SCAN_GROUP * TILE], SMEM_ALIGN]
+            delta: cute.struct.Align[cute.struct.MemRange[Float32, self.scan_slots * TILE], SMEM_ALIGN]
+            cs: cute.struct.Align[cute.struct.MemRange[Float32, self.scan_slots * TILE], SMEM_ALIGN]
             changes: cute.struct.Align[cute.struct.MemRange[Int32, 2 * self.change_slots], SMEM_ALIGN]
 
         return SharedStorage

@@ -25,6 +25,7 @@ class SsdForwardStates(SsdForward):
 
     @property
     def scan_group(self):
+        """Four blocks at once on every CTA shape (this walk holds no operand fragments of the products)."""
         return SCAN_GROUP
 
     def _extra_params(self):
@@ -57,7 +58,8 @@ class SsdForwardStates(SsdForward):
             dt0, dt1, here0, before0, here1, before1 = load_raw_block(a, dt, seq_idx, row, h,
                                                                       (blk_first + warp_id) * TILE, start, end, lane)
         blk = blk_first
-        self._load_states_tiles(loads, first, blk)
+        if blk_end > blk_first:  # (an empty sequence walks nothing: no copy may be left in flight)
+            self._load_states_tiles(loads, first, blk)
         while blk < blk_end:
             if (blk - blk_first) % SCAN_GROUP == 0:  # (SCAN_GROUP is even: a group starts an iteration)
                 dt0, dt1, here0, before0, here1, before1 = self._scan_group_runs(

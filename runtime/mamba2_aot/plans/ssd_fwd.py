@@ -296,7 +296,8 @@ def block_states_call(call: BoundCall, states: DeviceArray) -> tuple[str, BoundC
 
 
 def _states_only(params: dict, **changes) -> dict:
-    """A call's kernel parameters (with ``changes``) for the states-only walk: chunk states out, nothing else."""
+    """A call's kernel parameters (with ``changes``) for the states-only walk: no outputs but its states (chunk states
+    unless ``changes`` say otherwise)."""
     return dict(params, **{"has_chunk_states": 1, **changes}, states_only=1, has_final_states=0,
                 has_final_state_indices=0)
 
