@@ -46,8 +46,8 @@ from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, stri
 from kernel_src.families import expect_constants
 from kernel_src.ssd_tiles import (CHUNK, SCAN_GROUP, SMEM_ALIGN, TILE, VECTOR, async_tile_copy, block_cumsum, buffer,
                                   fence_operands, load_tile, make_mma, mask_bit, mn_view, next_change, pairs, scale_row,
-                                  scan_slot, smem_layout, source_tokens, store_pairs, store_state, transposed, vec,
-                                  vector, view)
+                                  scan_slot, smem_layout, source_tokens, store_change_bits, store_pairs, store_state,
+                                  transposed, vec, vector, view)
 from kernel_src.ssm_math import delta_from_dt, silu_approx
 
 P_TILE = 64      # head-dim rows per CTA
@@ -105,12 +105,6 @@ class SsdForward:
         """Blocks the states-only pass scans at once (at most SCAN_GROUP, even). Two on the warp-MMA CTA: with four
         warps' raw dt in registers beside its operand fragments, sm_100a's N = 256 spilled."""
         return SCAN_GROUP if self._warpgroup_mma() else 2
-
-    @property
-    def scan_slots(self):
-        """Per-block Δ / cumsum slots in shared memory: the scan group's, as few as it needs (sm_120a's N = 128
-        variants fit its 99 KB per CTA only with two)."""
-        return self.scan_group
 
     @property
     def min_ctas_per_sm(self):
@@ -250,18 +244,6 @@ class SsdForward:
             self._set_state(mma, acc_h, sH, entering, True, p0, io_type)
         sources = (g2s, tid, gx, gz, gB, gC, ident_x, ident_BC, ptile, L)
 
-        # Warp 0 keeps the raw dt (and seq_idx) of the next block in registers: rows lane and lane + 32.
-        dt_next0 = io_type(0.0)
-        dt_next1 = io_type(0.0)
-        seq_next0 = Int32(0)
-        seq_next1 = Int32(0)
-        prev_seq = Int32(0)
-        if warp_id == 0:
-            if a.has_seq_idx != 0:
-                if start < L:
-                    prev_seq = seq_idx[row, start]
-            dt_next0, dt_next1, seq_next0, seq_next1 = self._load_raw(a, dt, seq_idx, row, h, blk_first, lane, L)
-
         if cutlass.const_expr(self.block_states_walk):
             loads = (g2s, tid, gx, gB, ident_x, ident_BC, ptile, L)
             walk = (a, states, mma, acc_h, sXw, sDelta, sCs, sChanges, sH, dt, seq_idx, row, h, p0, start, end, blk_end,
@@ -269,6 +251,18 @@ class SsdForward:
             self._walk_block_states(walk, loads, blk_first, blk_end, (buffer(storage.x, 0, P_TILE), sB),
                                     (buffer(storage.x, 1, P_TILE), sC), seq, io_type)
         else:
+            # Warp 0 keeps the raw dt (and seq_idx) of the next block in registers: rows lane and lane + 32.
+            dt_next0 = io_type(0.0)
+            dt_next1 = io_type(0.0)
+            seq_next0 = Int32(0)
+            seq_next1 = Int32(0)
+            prev_seq = Int32(0)
+            if warp_id == 0:
+                if a.has_seq_idx != 0:
+                    if start < L:
+                        prev_seq = seq_idx[row, start]
+                dt_next0, dt_next1, seq_next0, seq_next1 = self._load_raw(a, dt, seq_idx, row, h, blk_first, lane, L)
+
             if a.states_only != 0:
                 loads = (g2s, tid, gx, gB, ident_x, ident_BC, ptile, L)
                 walk = (a, states, mma, acc_h, sXw, sDelta, sCs, sChanges, dt, seq_idx, row, h, p0, start, end,
@@ -377,9 +371,10 @@ class SsdForward:
             scratch: cute.struct.Align[cute.struct.MemRange[Float32, self._scratch_floats()], SMEM_ALIGN]
             h: cute.struct.Align[cute.struct.MemRange[io_type, P_TILE * N], SMEM_ALIGN]
             D: cute.struct.Align[cute.struct.MemRange[Float32, P_TILE], SMEM_ALIGN]
-            # a scan group's Δ and cumsums (the walk with outputs uses the first block's)
-            delta: cute.struct.Align[cute.struct.MemRange[Float32, self.scan_slots * TILE], SMEM_ALIGN]
-            cs: cute.struct.Align[cute.struct.MemRange[Float32, self.scan_slots * TILE], SMEM_ALIGN]
+            # a scan group's Δ and cumsums, a slot per block of the group, no more (sm_120a's N = 128 fits its 99 KB per
+            # CTA only with the warp-MMA CTA's two); the walk with outputs uses the first
+            delta: cute.struct.Align[cute.struct.MemRange[Float32, self.scan_group * TILE], SMEM_ALIGN]
+            cs: cute.struct.Align[cute.struct.MemRange[Float32, self.scan_group * TILE], SMEM_ALIGN]
             changes: cute.struct.Align[cute.struct.MemRange[Int32, 2 * self.change_slots], SMEM_ALIGN]
 
         return SharedStorage
@@ -456,11 +451,7 @@ class SsdForward:
         if tok1 < end:
             if s1 != before1:
                 change1 = Int32(1)
-        lo = cute.arch.vote_ballot_sync(change0 != 0)
-        hi = cute.arch.vote_ballot_sync(change1 != 0)
-        if lane == 0:
-            sChanges[0] = Int32(lo)
-            sChanges[1] = Int32(hi)
+        store_change_bits(change0, change1, sChanges, lane)
         return cute.arch.shuffle_sync(s1, 31)
 
     @cute.jit

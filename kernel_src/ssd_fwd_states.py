@@ -10,7 +10,6 @@ block's end. Each state is staged in shared memory in the I/O dtype and written 
 # (no "from __future__ import annotations": the DSL reads annotations as live objects)
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32
 
 from kernel_src.abi import ptr, i32, strides
 from kernel_src.ssd_fwd import P_TILE, SsdForward
@@ -48,15 +47,10 @@ class SsdForwardStates(SsdForward):
         numbers the sequence the walk starts in."""
         (a, states, _, _, _, _, _, _, sH, dt, seq_idx, row, h, p0, start, end, _, _, _, warp_id, lane) = walk
         tid = loads[1]
-        dt0 = dt.element_type(0.0)
-        dt1 = dt.element_type(0.0)
-        here0 = Int32(0)
-        before0 = Int32(0)
-        here1 = Int32(0)
-        before1 = Int32(0)
-        if warp_id < SCAN_GROUP:
-            dt0, dt1, here0, before0, here1, before1 = load_raw_block(a, dt, seq_idx, row, h,
-                                                                      (blk_first + warp_id) * TILE, start, end, lane)
+        # (as ssd_bwd_dstates: every warp loads the raw values of its block of the first group; warps from
+        # SCAN_GROUP on, in an 8-warp CTA, never use theirs)
+        dt0, dt1, here0, before0, here1, before1 = load_raw_block(a, dt, seq_idx, row, h, (blk_first + warp_id) * TILE,
+                                                                  start, end, lane)
         blk = blk_first
         if blk_end > blk_first:  # (an empty sequence walks nothing: no copy may be left in flight)
             self._load_states_tiles(loads, first, blk)

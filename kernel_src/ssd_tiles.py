@@ -413,6 +413,13 @@ def store_change_mask(seq_pairs, sChanges, lane):
         change0 = Int32(1)
     if here1 != before1:
         change1 = Int32(1)
+    store_change_bits(change0, change1, sChanges, lane)
+
+
+@cute.jit
+def store_change_bits(change0: Int32, change1: Int32, sChanges, lane):
+    """A warp: rows lane and lane + 32's change flags (non-zero: a sequence starts there) as the block's 64-bit mask,
+    into sChanges[0] (rows 0..31) and sChanges[1] (rows 32..63)."""
     lo = cute.arch.vote_ballot_sync(change0 != 0)
     hi = cute.arch.vote_ballot_sync(change1 != 0)
     if lane == 0:

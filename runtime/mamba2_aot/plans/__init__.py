@@ -4,9 +4,10 @@ from __future__ import annotations
 from .base import CompositePlan, LaunchPlan
 from .conv1d_fwd import Conv1dForwardPlan
 from .conv1d_verify import Conv1dVerifyPlan
-from .ssd_bwd import SsdBackwardChunkPlan, SsdBackwardPlan, SsdBackwardReducePlan, SsdBackwardStatesPlan
+from .ssd_bwd import (SsdBackwardChunkPlan, SsdBackwardPlan, SsdBackwardReducePlan, SsdBackwardStatesPlan,
+                      SsdForwardStatesPlan)
 from .ssd_chunk_cumsum import ChunkCumsumPlan
-from .ssd_fwd import SsdForwardPlan, SsdForwardStatesPlan
+from .ssd_fwd import SsdForwardPlan
 from .verify import VerifyPlan
 
 PLANS: dict[str, LaunchPlan] = {plan.family: plan for plan in (

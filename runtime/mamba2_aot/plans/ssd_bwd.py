@@ -51,10 +51,10 @@ Steps (launches on one stream, in order; everything validated before the first):
 Workspace (each region 256-byte aligned): states and dstates (batch · ceil(L/64) · H · P · N each, in the I/O dtype:
 the chunk pass's products take h₀ and dh_end in that dtype, so rounding them on the way halves their bytes and
 changes only ⟨dh_end, h₀⟩, which then has both rounded; Triton's backward keeps its states and state gradients in the
-I/O dtype too), partials (batch · ceil(L/64) · H · (P + 2), fp32) and, with
-head splits, group_grads (2 · head_splits · batch · L · G · N, fp32; the region is kept at the most any call with at
-most this batch and length needs, so that a workspace sized for one call serves every smaller one). Deterministic:
-no atomics, every sum in a fixed order, so repeated calls give bitwise-identical gradients.
+I/O dtype too), partials (batch · ceil(L/64) · H · (P + 2), fp32) and, with head splits, group_grads (2 ·
+head_splits · batch · L · G · N, fp32; the region is kept at the most any call with at most this batch and length
+needs, so that a workspace sized for one call serves every smaller one). Deterministic: no atomics, every sum in a
+fixed order, so repeated calls give bitwise-identical gradients.
 """
 from __future__ import annotations
 
@@ -116,6 +116,16 @@ class _StepPlan(LaunchPlan):
 
     def bind(self, **kwargs) -> BoundCall:
         raise InvalidArgumentError("family", f"{self.family} is a step of ssd_bwd: call launch('ssd_bwd', ...)")
+
+
+class SsdForwardStatesPlan(_StepPlan):
+    """ssd_bwd's recompute of the forward's states (``kernel_src/ssd_fwd_states.py``, bound by
+    ``plans.ssd_fwd.block_states_call``)."""
+    family = "ssd_fwd_states"
+    grid_rule = SsdForwardPlan.grid_rule
+    # ssd_fwd's (its states_only is 1), then the block states this walk writes
+    param_names = (SsdForwardPlan.param_names + ("block_states",)
+                   + stride_names("block_states", "batch", "block", "head") + ("has_block_states",))
 
 
 class SsdBackwardStatesPlan(_StepPlan):

@@ -79,7 +79,7 @@ from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_complete, 
                           expect_dtype, expect_given, expect_int, expect_rank, expect_shape, null_absent,
                           expect_state_blocks, record_strides, stride_names, vector_misfit)
 from ..tensors import DeviceArray, as_device_array
-from .base import CompositePlan, LaunchPlan
+from .base import CompositePlan
 from .sequence_states import bind_cu_seqlens, bind_sequence_states, state_dtype
 from .ssm_inputs import SSM_STRIDES, bind_ssm_inputs, x_shape
 
@@ -256,20 +256,6 @@ class SsdForwardPlan(CompositePlan):
             inputs=tuple(inputs),
             outputs=tuple(outputs),
         )
-
-
-class SsdForwardStatesPlan(LaunchPlan):
-    """ssd_bwd's recompute of the forward's states (``kernel_src/ssd_fwd_states.py``, bound by
-    :func:`block_states_call`): registered so that preload and the manifest checks see it; launching it on its own
-    is refused."""
-    family = "ssd_fwd_states"
-    grid_rule = SsdForwardPlan.grid_rule
-    # ssd_fwd's (its states_only is 1), then the block states this walk writes
-    param_names = (SsdForwardPlan.param_names + ("block_states",)
-                   + stride_names("block_states", "batch", "block", "head") + ("has_block_states",))
-
-    def bind(self, **kwargs) -> BoundCall:
-        raise InvalidArgumentError("family", "ssd_fwd_states is a step of ssd_bwd: call launch('ssd_bwd', ...)")
 
 
 def _entering_state_bytes(batch: int, nheads: int, headdim: int, d_state: int) -> int:
