@@ -191,6 +191,7 @@ class SsdBackwardChunk:
         _park(v_sum, sm.V_sum[tid, None])
         first_head = g * a.heads_per_group + split * heads_per_split
         head_dt = self._load_head_dt(a, t, sm, row, first_head, block_start, cute.arch.lane_idx())
+        self._land_states(t, sm, g2s, row, first_head, blk, rows, tid)
         for k in range(heads_per_split):
             head_dt = self._head(a, t, sm, mma, g2s, row, first_head + k, k + 1 < heads_per_split, head_dt, blk,
                                  block_start, rows, tid, io_type)
@@ -395,16 +396,18 @@ class SsdBackwardChunk:
                     self._prefetch_states(t, row, h + 1, blk)
         if warp_id == 0:
             self._scan_head(a, sm, head_dt, lane)
-        # the first run's states are loaded while the tiles are in flight (later runs load theirs in turn)
+        # the first run's states: landed by _land_states when they are the workspace's, else loaded while the tiles
+        # are in flight (later runs load theirs in turn)
         starts_lo = sm.masks[0]
         starts_hi = sm.masks[1]
         outside_lo = ~sm.masks[2]
         outside_hi = ~sm.masks[3]
-        first = first_set_bit(starts_lo, starts_hi)
+        first, s1 = self._first_run(sm)
         s0 = first
-        s1 = cute.math.min(next_change(starts_lo, starts_hi, s0), next_change(outside_lo, outside_hi, s0))
+        landed = self._states_from_workspace(sm, rows)
         if first < TILE:
-            self._load_states(a, t, sm, row, h, blk, s0, s1, rows, tid, io_type)
+            if landed == 0:
+                self._load_states(a, t, sm, row, h, blk, s0, s1, rows, tid, io_type)
         sD, s_last, s_parts = sm.D, sm.last, sm.parts
         if tid < P:
             d_value = Float32(0.0)
@@ -415,6 +418,8 @@ class SsdBackwardChunk:
         cute.arch.cp_async_wait_group(0)
         fence_operands(mma)
         cute.arch.sync_threads()
+        if landed != 0:
+            self._states_dot(sm, tid)
         # (zeroed only now: warp 1 reads the last head's sums in _rows until it reaches the barrier above)
         if tid < TILE:
             s_last[tid] = Float32(0.0)
@@ -441,8 +446,8 @@ class SsdBackwardChunk:
             self._run(a, t, sm, mma, acc_dx, acc_y, row, h, blk, s0, s1, rows, tid, io_type)
             s0 = next_change(starts_lo, starts_hi, s1 - 1)
 
-        return self._finish(a, t, sm, mma, acc_dx, acc_y, row, h, has_next, head_dt, blk, block_start, rows, tid,
-                            io_type)
+        return self._finish(a, t, sm, mma, g2s, acc_dx, acc_y, row, h, has_next, head_dt, blk, block_start, rows,
+                            tid, io_type)
 
     @cute.jit
     def _prefetch_states(self, t, row, h, blk):
@@ -537,6 +542,59 @@ class SsdBackwardChunk:
                 cute.zipped_divide(t.dz[row, block_start + s, h, None], (CHUNK,))[None, chunk].store(dz.load().to(io_type))
 
     @cute.jit
+    def _first_run(self, sm):
+        """The block's first sequence run [s0, s1), the same for every head (s0 = TILE: no row is in a sequence)."""
+        starts_lo = sm.masks[0]
+        starts_hi = sm.masks[1]
+        first = first_set_bit(starts_lo, starts_hi)
+        return first, cute.math.min(next_change(starts_lo, starts_hi, first),
+                                    next_change(~sm.masks[2], ~sm.masks[3], first))
+
+    @cute.jit
+    def _states_from_workspace(self, sm, rows) -> Int32:
+        """1 when the first run's h₀ and dh_end are both the workspace's (the run continues the sequence of the
+        block before and reaches the block's end, as inside every long sequence): they then land by cp.async."""
+        first, s1 = self._first_run(sm)
+        landed = Int32(0)
+        if (first == 0) & (sm.masks[4] != 0) & (s1 == rows):
+            landed = Int32(1)
+        return landed
+
+    @cute.jit
+    def _land_states(self, t, sm, g2s, row, h, blk, rows, tid):
+        """cp.async of head h's h₀ and dh_end of the first run straight into their tiles (the I/O dtype, as the
+        products take them) when they are the workspace's (:meth:`_states_from_workspace`); the head's tile wait
+        covers them. Issued as soon as the tiles are free, so that they are off the head's critical path."""
+        P, N = self.headdim, self.d_state
+        if self._states_from_workspace(sm, rows) != 0:
+            thr = g2s.get_slice(tid)
+            whole = cute.make_identity_tensor((P, N))
+            load_tile(g2s, thr, t.states[row, blk - 1, h, None, None], whole, sm.h0, (P, N), (0, 0), P)
+            load_tile(g2s, thr, t.dstates[row, blk, h, None, None], whole, sm.dh, (P, N), (0, 0), P)
+        cute.arch.cp_async_commit_group()
+
+    def _state_vector(self, tid, k: int):
+        """(row of P, 8-column chunk of N) of a thread's k-th vector of a P × N state."""
+        N = self.d_state
+        return k * (THREADS * CHUNK // N) + tid // (N // CHUNK), tid % (N // CHUNK)
+
+    @cute.jit
+    def _states_dot(self, sm, tid):
+        """Each warp's share of ⟨dh_end, h₀⟩ (fp32) from the landed states tiles, as :meth:`_load_states` sums it."""
+        P, N = self.headdim, self.d_state
+        s_dot = sm.dot
+        dot = Float32(0.0)
+        for k in cutlass.range_constexpr(P * N // (THREADS * CHUNK)):
+            p, chunk = self._state_vector(tid, k)
+            h0v = cute.zipped_divide(sm.h0[p, None], (CHUNK,))[None, chunk].load().to(Float32)
+            dhv = cute.zipped_divide(sm.dh[p, None], (CHUNK,))[None, chunk].load().to(Float32)
+            for e in cutlass.range_constexpr(CHUNK):
+                dot = dot + h0v[e] * dhv[e]
+        dot = _warp_sum(dot)
+        if cute.arch.lane_idx() == 0:
+            s_dot[cute.arch.warp_idx()] = dot
+
+    @cute.jit
     def _load_states(self, a, t, sm, row, h, blk, s0, s1, rows, tid, io_type: cutlass.Constexpr):
         """The states entering (h₀) and leaving (dh_end) the run [s0, s1) into shared memory in the I/O dtype, and
         each warp's share of their fp32 dot product ⟨dh_end, h₀⟩."""
@@ -578,9 +636,6 @@ class SsdBackwardChunk:
                                      None])
         dh_src = flat(t.dstates[row, blk, h, None, None])
         dfinal_src = flat(t.dfinal[cute.math.max(cute.math.min(seq, a.num_seqs - 1), Int32(0)), h, None, None])
-        rows_per_pass = THREADS * CHUNK // N
-        p_first = tid // (N // CHUNK)
-        chunk = tid % (N // CHUNK)
         vectors = min(STATE_BATCH, P * N // THREADS) // CHUNK
         dot = Float32(0.0)
         for part in cutlass.range_constexpr(P * N // (THREADS * CHUNK * vectors)):
@@ -599,7 +654,7 @@ class SsdBackwardChunk:
                 else:
                     _gather(dhv, dfinal_src, part * vectors, tid)
             for k in cutlass.range_constexpr(vectors):
-                p = (part * vectors + k) * rows_per_pass + p_first
+                p, chunk = self._state_vector(tid, part * vectors + k)
                 for e in cutlass.range_constexpr(CHUNK):
                     dot = dot + h0v[e, k] * dhv[e, k]
                 cute.zipped_divide(sH0[p, None], (CHUNK,))[None, chunk].store(h0v[None, k].load().to(io_type))
@@ -738,7 +793,7 @@ class SsdBackwardChunk:
         _accumulate(mma, sm.dC[tid, None], sGe, transposed(sm.h0, P, N), P // 16, b_transposed=True)
 
     @cute.jit
-    def _finish(self, a, t, sm, mma, acc_dx, acc_y, row, h, has_next, head_dt, blk, block_start, rows, tid,
+    def _finish(self, a, t, sm, mma, g2s, acc_dx, acc_y, row, h, has_next, head_dt, blk, block_start, rows, tid,
                 io_type: cutlass.Constexpr):
         """The head's products with S, dx, dz, ddt and the partial sums; returns the next head's dt (warp 0)."""
         P = self.headdim
@@ -758,6 +813,8 @@ class SsdBackwardChunk:
             if has_next:
                 raw0, raw1, bias, A_next = self._load_head_dt(a, t, sm, row, h + 1, block_start, lane)
         self._straddling_sums(sm, mma, tid)
+        if has_next:  # (the states tile is free again: the next head's states land during this head's last steps)
+            self._land_states(t, sm, g2s, row, h + 1, blk, rows, tid)
 
         # dx = Sᵀ·G + Δ ⊙ U + D ⊙ G (rows inside a sequence, below L)
         dx_out, partials = t.dx, t.partials
