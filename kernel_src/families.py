@@ -14,6 +14,7 @@ FAMILIES = {
     "ssd_bwd_chunk": "kernel_src.ssd_bwd_chunk:SsdBackwardChunk",
     "ssd_bwd_dstates": "kernel_src.ssd_bwd_dstates:SsdBackwardStates",
     "ssd_bwd_reduce": "kernel_src.ssd_bwd_reduce:SsdBackwardReduce",
+    "ssd_bwd_walks": "kernel_src.ssd_bwd_walks:SsdBackwardWalks",
     "ssd_chunk_cumsum": "kernel_src.ssd_chunk_cumsum:ChunkCumsum",
     "ssd_fwd": "kernel_src.ssd_fwd:SsdForward",
     "ssd_fwd_states": "kernel_src.ssd_fwd_states:SsdForwardStates",

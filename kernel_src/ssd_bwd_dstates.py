@@ -94,10 +94,16 @@ class SsdBackwardStates:
 
     @cute.kernel
     def kernel(self, args: tuple):
-        a = bind(self.params(), args)
+        self.walk(bind(self.params(), args), cute.arch.block_idx(),
+                  cutlass.utils.SmemAllocator().allocate(self.dynamic_smem, SMEM_ALIGN))
+
+    @cute.jit
+    def walk(self, a, block, smem):
+        """One CTA's reverse walk: (64-row slice of P, head, sequence source) = ``block``, its shared memory
+        at ``smem`` (ssd_bwd_walks runs it beside another walk, in one shared memory)."""
         P, N = self.headdim, self.d_state
         io_type = cutlass_dtype(self.io_dtype)
-        ptile, h, source = cute.arch.block_idx()
+        ptile, h, source = block
         tid, _, _ = cute.arch.thread_idx()
         warp_id = cute.arch.warp_idx()
         lane = cute.arch.lane_idx()
@@ -124,7 +130,7 @@ class SsdBackwardStates:
         if a.has_seq_idx != 0:
             seq = count_changes(seq_idx, row, start, end, lane)  # the row's last sequence
 
-        storage = cutlass.utils.SmemAllocator().allocate(self._shared_storage(io_type))
+        storage = self._shared_storage(io_type)(smem)
         sGe = storage.gated.get_tensor(smem_layout((TILE, P_TILE)))
         sCs = storage.cs.get_tensor(cute.make_layout((TILE,)))
         sChanges = storage.changes.get_tensor(cute.make_layout((2,)))

@@ -155,10 +155,16 @@ class SsdForward:
 
     @cute.kernel
     def kernel(self, args: tuple):
-        a = bind(self.params(), args)
+        self.walk(bind(self.params(), args), cute.arch.block_idx(),
+                  cutlass.utils.SmemAllocator().allocate(self.dynamic_smem, SMEM_ALIGN))
+
+    @cute.jit
+    def walk(self, a, block, smem):
+        """One CTA's walk: (64-row slice of P, head, row or sequence source [times segments]) = ``block``, its shared memory
+        at ``smem`` (ssd_bwd_walks runs it beside another walk, in one shared memory)."""
         P, N = self.headdim, self.d_state
         io_type, state_type = cutlass_dtype(self.io_dtype), cutlass_dtype(self.state_dtype)
-        ptile, h, source = cute.arch.block_idx()
+        ptile, h, source = block
         tid, _, _ = cute.arch.thread_idx()
         warp_id = cute.arch.warp_idx()
         lane = cute.arch.lane_idx()
@@ -198,7 +204,7 @@ class SsdForward:
         if a.has_seq_idx != 0:
             seq = Int32(0)  # sequences of a seq_idx row are numbered from 0 (the runtime allows states only at B == 1)
 
-        storage = cutlass.utils.SmemAllocator().allocate(self._shared_storage(io_type))
+        storage = self._shared_storage(io_type)(smem)
         sB = storage.B.get_tensor(smem_layout((TILE, N)))
         sC = storage.C.get_tensor(smem_layout((TILE, N)))
         operands = cute.recast_ptr(storage.scratch.data_ptr(), dtype=io_type)

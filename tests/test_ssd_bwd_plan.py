@@ -1,5 +1,7 @@
-"""The ssd_bwd plan on the CPU: a valid call binds its four launches (every kernel parameter, grids, variants, the
+"""The ssd_bwd plan on the CPU: a valid call binds its launches (every kernel parameter, grids, variants, the
 workspace regions); each bad input is refused with a typed error naming the argument, before anything launches."""
+import types
+
 import pytest
 
 from mamba2_aot import errors
@@ -12,23 +14,25 @@ BATCH, L, H, P, N, G = 2, 300, 8, 64, 128, 2
 NBLOCKS = 5
 
 
-def workspace_elements():
-    return PLANS["ssd_bwd"].workspace_size(x=fake_array(0x1000, (BATCH, L, H, P), "fp16"),
+def workspace_elements(heads=H):
+    return PLANS["ssd_bwd"].workspace_size(x=fake_array(0x1000, (BATCH, L, heads, P), "fp16"),
                                            B=fake_array(0x1000, (BATCH, L, G, N), "fp16")) // 4
 
 
-def bwd_args(**over):
+def bwd_args(heads=H, **over):
     """Valid fake arguments (fp16: the CAI fakes have no bf16), each array 64 MiB apart."""
     base = iter(range(0x10000000, 0x100000000, 64 * MB))
     arr = lambda shape, dtype="fp16": fake_array(next(base), shape, dtype)  # noqa: E731
-    args = dict(x=arr((BATCH, L, H, P)), dt=arr((BATCH, L, H)), A=arr((H,), "fp32"), B=arr((BATCH, L, G, N)),
-                C=arr((BATCH, L, G, N)), D=arr((H, P), "fp32"), z=arr((BATCH, L, H, P)), dt_bias=arr((H,), "fp32"),
-                initial_states=arr((BATCH, H, P, N), "fp32"), dt_softplus=True,
-                dout=arr((BATCH, L, H, P)), dfinal_states=arr((BATCH, H, P, N), "fp32"),
-                dx=arr((BATCH, L, H, P)), ddt=arr((BATCH, L, H)), dA=arr((H,), "fp32"), dB=arr((BATCH, L, G, N)),
-                dC=arr((BATCH, L, G, N)), dD=arr((H, P), "fp32"), dz=arr((BATCH, L, H, P)),
-                ddt_bias=arr((H,), "fp32"), dinitial_states=arr((BATCH, H, P, N), "fp32"))
-    args["workspace"] = fake_array(0x1_0000_0000, (workspace_elements(),), "fp32")
+    args = dict(x=arr((BATCH, L, heads, P)), dt=arr((BATCH, L, heads)), A=arr((heads,), "fp32"),
+                B=arr((BATCH, L, G, N)), C=arr((BATCH, L, G, N)), D=arr((heads, P), "fp32"),
+                z=arr((BATCH, L, heads, P)), dt_bias=arr((heads,), "fp32"),
+                initial_states=arr((BATCH, heads, P, N), "fp32"), dt_softplus=True,
+                dout=arr((BATCH, L, heads, P)), dfinal_states=arr((BATCH, heads, P, N), "fp32"),
+                dx=arr((BATCH, L, heads, P)), ddt=arr((BATCH, L, heads)), dA=arr((heads,), "fp32"),
+                dB=arr((BATCH, L, G, N)), dC=arr((BATCH, L, G, N)), dD=arr((heads, P), "fp32"),
+                dz=arr((BATCH, L, heads, P)), ddt_bias=arr((heads,), "fp32"),
+                dinitial_states=arr((BATCH, heads, P, N), "fp32"))
+    args["workspace"] = fake_array(0x1_0000_0000, (workspace_elements(heads),), "fp32")
     args.update(over)
     return args
 
@@ -39,19 +43,30 @@ def steps(**args):
                          for k, v in args.items()})
 
 
-def test_valid_call_binds_four_launches():
+def walks_apart(call):
+    """An ssd_bwd_walks call's two walks, as (recompute params, reverse-pass params) by their own names."""
+    from mamba2_aot.plans.ssd_bwd import REVERSE_PREFIX
+    recompute = {name: call.params[name] for name in PLANS["ssd_fwd_states"].param_names}
+    reverse = {name: call.params[REVERSE_PREFIX + name] for name in PLANS["ssd_bwd_dstates"].param_names}
+    return recompute, reverse
+
+
+def test_valid_call_binds_its_launches():
     bound = steps(**bwd_args())
-    assert [family for family, _ in bound] == ["ssd_fwd_states", "ssd_bwd_dstates", "ssd_bwd_chunk", "ssd_bwd_reduce"]
+    # (16 CTAs per walk: the recompute and the reverse pass run side by side, one launch)
+    assert [family for family, _ in bound] == ["ssd_bwd_walks", "ssd_bwd_chunk", "ssd_bwd_reduce"]
     for family, call in bound:
         assert set(call.params) == set(PLANS[family].param_names), family
-    forward, states, chunk, reduce = (call for _, call in bound)
+    walks, chunk, reduce = (call for _, call in bound)
+    forward, states = (types.SimpleNamespace(params=params) for params in walks_apart(walks))
+    assert walks.grid == (1, H, 2 * BATCH) and walks.constants == chunk.constants
     assert forward.params["has_block_states"] == 1 and forward.params["has_chunk_states"] == 0
     assert forward.params["has_z"] == 0  # (the chunk pass computes y)
     # 20 (block, group, row) CTAs: each group's 4 heads split over 4 CTAs, and the reduce adds their dB / dC shares
     splits = H // G
     group_sum_ctas = -(-BATCH * L * G * N // 1024)
     assert chunk.params["head_splits"] == reduce.params["head_splits"] == splits
-    assert states.grid == (1, H, BATCH) and chunk.grid == (NBLOCKS, G * splits, BATCH)
+    assert chunk.grid == (NBLOCKS, G * splits, BATCH)
     assert reduce.grid == (H + group_sum_ctas, 1, 1) and reduce.params["group_sum_ctas"] == group_sum_ctas
     assert chunk.constants == {"headdim": P, "d_state": N, "io_dtype": "fp16", "state_dtype": "fp32"}
     assert chunk.params["has_z"] == 1 and chunk.params["has_dfinal_states"] == 1
@@ -80,17 +95,38 @@ def test_valid_call_binds_four_launches():
 @pytest.mark.parametrize("gated", [False, True])
 def test_the_recompute_is_one_states_only_pass(gated):
     # (the chunk pass recomputes y for dz itself)
-    (family, forward), (second, _), *_ = steps(**bwd_args(**({} if gated else {"z": None, "dz": None})))
-    assert family == "ssd_fwd_states" and second == "ssd_bwd_dstates"
-    assert forward.params["has_block_states"] == 1 and forward.params["has_chunk_states"] == 0
-    assert forward.params["segments"] == 1 and forward.params["seqlen"] == L
-    assert forward.params["has_final_states"] == 0 and [a.name for a in forward.outputs] == ["block_states"]
+    (family, walks), *_ = steps(**bwd_args(**({} if gated else {"z": None, "dz": None})))
+    forward, _ = walks_apart(walks)
+    assert family == "ssd_bwd_walks"
+    assert forward["has_block_states"] == 1 and forward["has_chunk_states"] == 0
+    assert forward["segments"] == 1 and forward["seqlen"] == L and forward["has_final_states"] == 0
+    assert [a.name for a in walks.outputs] == ["block_states", "dstates", "dinitial_states"]
     # packed sequences too (the walk splits blocks at sequence starts)
     packed = steps(**bwd_args(seq_idx=fake_array(0x7f000000, (BATCH, L), "int32"), initial_states=None,
                               dfinal_states=None, dinitial_states=None))
-    (family, walk), *_ = packed
-    assert family == "ssd_fwd_states" and walk.params["has_seq_idx"] == 1 and walk.params["has_block_states"] == 1
-    assert [a.name for a in walk.outputs] == ["block_states"]
+    (family, walks), *_ = packed
+    forward, reverse = walks_apart(walks)
+    assert family == "ssd_bwd_walks" and forward["has_seq_idx"] == reverse["has_seq_idx"] == 1
+    assert forward["has_block_states"] == 1 and [a.name for a in walks.outputs] == ["block_states", "dstates"]
+
+
+def test_the_walks_share_a_launch_only_when_both_fit_one_wave():
+    """Side by side when the two walks' CTAs fit one wave of the walks' kernel (two per SM); a larger call keeps
+    the two launches (each walk alone fills the SMs), bound exactly as the one launch's halves."""
+    from mamba2_aot.plans.ssd_bwd import side_by_side, walks_side_by_side
+    from mamba2_aot.plans.ssd_fwd import CTA_SLOTS
+    assert walks_side_by_side((1, 64, 2)) and walks_side_by_side((1, CTA_SLOTS // 2, 1))   # B2 H64; one wave
+    assert not walks_side_by_side((1, CTA_SLOTS // 2 + 1, 1)) and not walks_side_by_side((1, 80, 8))  # 2.7B: 640
+    heads = CTA_SLOTS  # (BATCH rows of 264 heads: 528 CTAs per walk)
+    args = bwd_args(heads)
+    bound = steps(**args)
+    assert [family for family, _ in bound] == ["ssd_fwd_states", "ssd_bwd_dstates", "ssd_bwd_chunk", "ssd_bwd_reduce"]
+    (_, recompute), (_, reverse), *_ = bound
+    assert recompute.grid == reverse.grid == (1, heads, BATCH)
+    walks = side_by_side(recompute, reverse)
+    assert walks.grid == (1, heads, 2 * BATCH) and set(walks.params) == set(PLANS["ssd_bwd_walks"].param_names)
+    assert walks_apart(walks) == (recompute.params, reverse.params)
+    assert walks.inputs == recompute.inputs + reverse.inputs and walks.outputs == recompute.outputs + reverse.outputs
 
 
 def test_head_splits_only_when_too_few_ctas():
@@ -133,7 +169,7 @@ def test_no_head_splits_no_group_grads():
                 C=arr((big, L, G, N)), dout=arr((big, L, H, P)), dx=arr((big, L, H, P)), ddt=arr((big, L, H)),
                 dA=arr((H,), "fp32"), dB=arr((big, L, G, N)), dC=arr((big, L, G, N)))
     size = PLANS["ssd_bwd"].workspace_size(x=args["x"], B=args["B"])
-    _, _, (_, chunk), (_, reduce) = steps(**args, workspace=arr((size // 4,), "fp32"))
+    *_, (_, chunk), (_, reduce) = steps(**args, workspace=arr((size // 4,), "fp32"))
     assert chunk.params["head_splits"] == 1 and chunk.params["group_grads"] == 0
     assert chunk.params["stride_group_grads_split"] == 0
     assert chunk.grid == (NBLOCKS, G, big) and reduce.grid == (H, 1, 1) and reduce.params["group_sum_ctas"] == 0
@@ -143,7 +179,7 @@ def test_per_head_D_and_no_optional_gradients():
     args = bwd_args(D=fake_array(0x7f000000, (H,), "fp32"), dD=fake_array(0x7e000000, (H,), "fp32"))
     for name in ("z", "dz", "dt_bias", "ddt_bias", "dfinal_states", "dinitial_states", "initial_states"):
         args.pop(name)
-    _, _, (_, chunk), (_, reduce) = steps(**args)
+    *_, (_, chunk), (_, reduce) = steps(**args)
     assert reduce.params["dD_per_head"] == 1 and reduce.params["stride_dD_dim"] == 0
     assert chunk.params["has_z"] == 0 and chunk.params["dz"] == 0 and chunk.params["has_dfinal_states"] == 0
 
@@ -243,7 +279,7 @@ def test_steps_launch_in_order(stub_launches):
     from mamba2_aot import dispatch
     _, log = stub_launches
     dispatch.launch("ssd_bwd", stream=0, **bwd_args())
-    assert log == ["ssd_fwd_states", "ssd_bwd_dstates", "ssd_bwd_chunk", "ssd_bwd_reduce"]
+    assert log == ["ssd_bwd_walks", "ssd_bwd_chunk", "ssd_bwd_reduce"]
 
 
 def test_device_and_load_errors_come_before_any_launch(stub_launches):

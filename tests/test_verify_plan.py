@@ -147,6 +147,7 @@ def test_plans_name_the_kernels_parameters_in_order():
                "conv1d_verify": kernel_class("conv1d_verify")("compact", "bf16", "fp32"),
                "conv1d_fwd": kernel_class("conv1d_fwd")("bf16", "fp32"),
                "ssd_bwd_dstates": kernel_class("ssd_bwd_dstates")(64, 128, "bf16"),
+               "ssd_bwd_walks": kernel_class("ssd_bwd_walks")(64, 128, "bf16", "fp32"),
                "ssd_bwd_chunk": kernel_class("ssd_bwd_chunk")(64, 128, "bf16", "fp32"),
                "ssd_bwd_reduce": kernel_class("ssd_bwd_reduce")(64, "bf16")}
     composites = {family for family, plan in PLANS.items() if isinstance(plan, CompositePlan)}

@@ -5,13 +5,14 @@ from .base import CompositePlan, LaunchPlan
 from .conv1d_fwd import Conv1dForwardPlan
 from .conv1d_verify import Conv1dVerifyPlan
 from .ssd_bwd import (SsdBackwardChunkPlan, SsdBackwardPlan, SsdBackwardReducePlan, SsdBackwardStatesPlan,
-                      SsdForwardStatesPlan)
+                      SsdBackwardWalksPlan, SsdForwardStatesPlan)
 from .ssd_chunk_cumsum import ChunkCumsumPlan
 from .ssd_fwd import SsdForwardPlan
 from .verify import VerifyPlan
 
 PLANS: dict[str, LaunchPlan] = {plan.family: plan for plan in (
     Conv1dForwardPlan(), Conv1dVerifyPlan(), ChunkCumsumPlan(), SsdForwardPlan(), SsdForwardStatesPlan(),
-    SsdBackwardPlan(), SsdBackwardStatesPlan(), SsdBackwardChunkPlan(), SsdBackwardReducePlan(), VerifyPlan())}
+    SsdBackwardPlan(), SsdBackwardStatesPlan(), SsdBackwardWalksPlan(), SsdBackwardChunkPlan(), SsdBackwardReducePlan(),
+    VerifyPlan())}
 
 __all__ = ["PLANS", "CompositePlan", "LaunchPlan"]

@@ -31,10 +31,11 @@ State blocks (num_seqs, H, P, N) are contiguous P × N matrices per (sequence, h
 of cu_seqlens, or with seq_idx (batch 1) the first dim of the state arrays given (rows of dinitial_states for
 sequences a seq_idx row does not contain are not written). dx, ddt and dz are zero on rows outside every cu_seqlens
 sequence; dout, x, B and C must be finite there. Nothing is accumulated into: every gradient is overwritten. No
-gradient, and not the workspace, may overlap an input or another output (checked across the four launches). There are
+gradient, and not the workspace, may overlap an input or another output (checked across the steps). There are
 no gradients for ``ssd_fwd``'s ``chunk_states`` or final-state pools.
 
-Steps (launches on one stream, in order; everything validated before the first):
+Steps (launches on one stream, in order; everything validated before the first; steps 1 and 2 are one launch of
+``ssd_bwd_walks`` when both together fit one wave, see :func:`walks_side_by_side`):
 
 1. ``ssd_fwd_states``, the forward's states-only walk, recomputes the state after every 64-token block
    (``workspace.states``, in the I/O dtype) in one pass with no outputs (packed sequences too: it splits a block at
@@ -66,7 +67,8 @@ from ..tensors import DeviceArray, ITEMSIZE, as_device_array
 from ..validation import (BoundCall, check_call, expect_dtype, expect_given, expect_rank, expect_shape,
                           expect_complete, expect_state_blocks, null_absent, record_strides, stride_names)
 from .base import CompositePlan, LaunchPlan
-from .ssd_fwd import BLOCK, IO_DTYPES, SsdForwardPlan, block_states_call, expect_vector_operand, expect_workspace
+from .ssd_fwd import (BLOCK, CTA_SLOTS, IO_DTYPES, SsdForwardPlan, block_states_call, expect_vector_operand,
+                      expect_workspace)
 from .ssm_inputs import SSM_INPUT_STRIDES, expect_groups
 
 ALIGN = 256        # bytes: alignment of each workspace region
@@ -145,6 +147,37 @@ class SsdBackwardStatesPlan(_StepPlan):
     )
 
 
+# kernel_src/ssd_bwd_walks.py: the reverse pass's parameters follow the recompute's with this prefix
+REVERSE_PREFIX = "reverse_"
+
+
+class SsdBackwardWalksPlan(_StepPlan):
+    """ssd_bwd's recompute and reverse pass side by side in one launch (``kernel_src/ssd_bwd_walks.py``, bound by
+    :func:`side_by_side`)."""
+    family = "ssd_bwd_walks"
+    grid_rule = "headdim/64,heads,2*sequences"
+    param_names = (SsdForwardStatesPlan.param_names
+                   + tuple(REVERSE_PREFIX + name for name in SsdBackwardStatesPlan.param_names))
+
+
+def walks_side_by_side(walk_grid: tuple[int, int, int]) -> bool:
+    """Whether the two walks, each of ``walk_grid``, run as one launch: when both fit in one wave of it (two CTAs
+    per SM), so that each SM holds a CTA of each. Larger calls already fill the SMs with either walk alone; there each keeps its own launch
+    (the reverse pass fits three CTAs per SM, the walks' kernel two)."""
+    return 2 * math.prod(walk_grid) <= CTA_SLOTS
+
+
+def side_by_side(recompute: BoundCall, reverse: BoundCall) -> BoundCall:
+    """The ``ssd_bwd_walks`` call running the bound ``ssd_fwd_states`` and ``ssd_bwd_dstates`` calls at once: their
+    grids one after the other along z (they match in x and y), the reverse pass's parameters prefixed."""
+    assert recompute.grid == reverse.grid, (recompute.grid, reverse.grid)
+    tiles, heads, sources = recompute.grid
+    params = dict(recompute.params)
+    params.update((REVERSE_PREFIX + name, value) for name, value in reverse.params.items())
+    return BoundCall(constants=recompute.constants, grid=(tiles, heads, 2 * sources), params=params,
+                     inputs=recompute.inputs + reverse.inputs, outputs=recompute.outputs + reverse.outputs)
+
+
 GROUP_GRADS_DIMS = ("grad", "split", "batch", "seqlen", "group")
 GROUP_GRADS_STRIDES = stride_names("group_grads", *GROUP_GRADS_DIMS)
 
@@ -214,7 +247,7 @@ def _rename(arr: DeviceArray | None, name: str) -> DeviceArray | None:
 
 class SsdBackwardPlan(CompositePlan):
     family = "ssd_bwd"
-    step_families = ("ssd_fwd_states", "ssd_bwd_dstates", "ssd_bwd_chunk", "ssd_bwd_reduce")
+    step_families = ("ssd_fwd_states", "ssd_bwd_dstates", "ssd_bwd_walks", "ssd_bwd_chunk", "ssd_bwd_reduce")
     arrays = ("x", "dt", "A", "B", "C", "dout", "dx", "ddt", "dA", "dB", "dC", "workspace", "D", "z", "dt_bias",
               "initial_states", "initial_state_indices", "dfinal_states", "seq_idx", "cu_seqlens", "dD", "dz",
               "ddt_bias", "dinitial_states")
@@ -231,7 +264,7 @@ class SsdBackwardPlan(CompositePlan):
               dt_softplus=False, dt_limit=(0.0, math.inf), initial_states=None, initial_state_indices=None,
               dfinal_states=None, seq_idx=None, cu_seqlens=None, dD=None, dz=None, ddt_bias=None,
               dinitial_states=None) -> list[tuple[str, BoundCall]]:
-        """Validate a call (see the module docstring) and bind its four launches. Raises the
+        """Validate a call (see the module docstring) and bind its launches. Raises the
         InvalidArgumentError subclasses."""
         expect_given(x=x, dt=dt, A=A, B=B, C=C, dout=dout, dx=dx, ddt=ddt, dA=dA, dB=dB, dC=dC, workspace=workspace)
         expect_dtype(x, IO_DTYPES)
@@ -393,5 +426,8 @@ class SsdBackwardPlan(CompositePlan):
         check_call(BoundCall({}, (1, 1, 1), {}, tuple(a for a in read if a is not None),
                              tuple(a for a in written if a is not None)))
         # the chunk pass computes y itself (for dz): the recompute is the states-only walk (one pass, no outputs)
-        return ([block_states_call(forward, _rename(views["states"], "block_states"))]
-                + [("ssd_bwd_dstates", states_call), ("ssd_bwd_chunk", chunk_call), ("ssd_bwd_reduce", reduce_call)])
+        recompute = block_states_call(forward, _rename(views["states"], "block_states"))
+        walks = [recompute, ("ssd_bwd_dstates", states_call)]
+        if walks_side_by_side(states_call.grid):
+            walks = [("ssd_bwd_walks", side_by_side(recompute[1], states_call))]
+        return walks + [("ssd_bwd_chunk", chunk_call), ("ssd_bwd_reduce", reduce_call)]
