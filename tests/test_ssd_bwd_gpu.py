@@ -84,13 +84,27 @@ def _dfinal(inputs, seed):
     return torch.randn(_num_seqs(inputs), H, P, N, generator=gen)
 
 
+@pytest.fixture(params=[True, False], ids=["walks-in-one-launch", "walks-in-two-launches"])
+def walk_launches(request, monkeypatch):
+    """The recompute and the reverse pass as one ssd_bwd_walks launch (what these small calls get) or as their own two
+    launches (what calls that fill the GPU get): the plan's choice forced. Yields the grids it was asked about (a test
+    checks that the choice was made)."""
+    from mamba2_aot import dispatch
+    from mamba2_aot.plans import ssd_bwd
+    asked = []
+    monkeypatch.setattr(dispatch, "_recent_calls", {})  # (no memoised call may skip the plan)
+    monkeypatch.setattr(ssd_bwd, "walks_side_by_side", lambda grid: asked.append(grid) or request.param)
+    yield asked
+
+
 @pytest.mark.parametrize("P,N,G", [(64, 128, 2), (64, 64, 1), (128, 128, 1), (128, 64, 2)])
-def test_every_gradient_with_every_option(P, N, G):
+def test_every_gradient_with_every_option(P, N, G, walk_launches):
     _require(P, N)
     inputs = generators.standard_inputs(2, 300, 4, P, N, G, torch.bfloat16, seed=P + N + G, D="HP", z=True,
                                         initial_states=True)
     dout, dfinal = _dout(inputs, 1), _dfinal(inputs, 1)
     got, _ = _backward(inputs, dout, dfinal)
+    assert walk_launches, "the plan did not choose how to launch the walks"
     _check(got, _oracle(inputs, dout, dfinal))
 
 
@@ -140,12 +154,13 @@ def test_hot_inputs(dt_limit):
 
 
 @pytest.mark.parametrize("packing", ["cu_seqlens", "seq_idx"])
-def test_packed_sequences(packing):
+def test_packed_sequences(packing, walk_launches):
     _require(64, 64)
     inputs = generators.packed_inputs(4, 64, 64, 2, torch.bfloat16, seed=11, chunk_size=64, D="H", z=True)
     del inputs["cu_seqlens" if packing == "seq_idx" else "seq_idx"]
     dout, dfinal = _dout(inputs, 11), _dfinal(inputs, 11)
     got, _ = _backward(inputs, dout, dfinal)
+    assert walk_launches, "the plan did not choose how to launch the walks"
     _check(got, _oracle(inputs, dout, dfinal))
 
 

@@ -268,7 +268,7 @@ def stub_launches(monkeypatch):
     log = []
 
     def load(drv, plan, constants, device, *, capture_stream=None):
-        if capture_stream is not None and drv.stream_is_capturing(capture_stream) and plan.family != "ssd_fwd_states":
+        if capture_stream is not None and drv.stream_is_capturing(capture_stream) and plan.family != "ssd_bwd_walks":
             raise errors.GraphCaptureError(f"{plan.family} is not loaded")
         return _StubKernel(plan.family, log)
     monkeypatch.setattr(dispatch, "load_kernel", load)

@@ -162,8 +162,10 @@ class SsdBackwardWalksPlan(_StepPlan):
 
 def walks_side_by_side(walk_grid: tuple[int, int, int]) -> bool:
     """Whether the two walks, each of ``walk_grid``, run as one launch: when both fit in one wave of it (two CTAs
-    per SM), so that each SM holds a CTA of each. Larger calls already fill the SMs with either walk alone; there each keeps its own launch
-    (the reverse pass fits three CTAs per SM, the walks' kernel two)."""
+    per SM on sm_90a), so that each SM holds a CTA of each. Larger calls already fill the SMs with either walk alone;
+    there each keeps its own launch (the reverse pass fits three CTAs per SM, the walks' kernel two). Off sm_90a the
+    walks' CTA is 8 warps, one per SM: a call taken as one launch there runs as two waves, about as two launches would
+    (unmeasured, as everything off sm_90a)."""
     return 2 * math.prod(walk_grid) <= CTA_SLOTS
 
 
