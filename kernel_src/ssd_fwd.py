@@ -67,6 +67,8 @@ class SsdForward:
     # parameters and its scan group's sequence-change masks
     block_states_walk = False
     change_slots = 1
+    gate_buffers = 2          # z's tiles (the walk with outputs)
+    weighted_x_offset = TILE * TILE  # where the weighted x sits in the scratch (after S)
 
     def __init__(self, headdim: int, d_state: int, io_dtype: str, state_dtype: str):
         expect_constants(self, headdim=headdim, d_state=d_state, io_dtype=io_dtype, state_dtype=state_dtype)
@@ -209,7 +211,7 @@ class SsdForward:
         sC = storage.C.get_tensor(smem_layout((TILE, N)))
         operands = cute.recast_ptr(storage.scratch.data_ptr(), dtype=io_type)
         sS = cute.make_tensor(operands, smem_layout((TILE, TILE)))
-        sXw = cute.make_tensor(operands + TILE * TILE, smem_layout((TILE, P_TILE)))
+        sXw = cute.make_tensor(operands + self.weighted_x_offset, smem_layout((TILE, P_TILE)))
         sY = storage.scratch.get_tensor(cute.make_layout((TILE, P_TILE), stride=(Y_STRIDE, 1)))
         sD = storage.D.get_tensor(cute.make_layout((P_TILE,)))
         sH = storage.h.get_tensor(smem_layout((P_TILE, N)))
@@ -371,7 +373,7 @@ class SsdForward:
         @cute.struct
         class SharedStorage:
             x: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * P_TILE], SMEM_ALIGN]
-            z: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * P_TILE], SMEM_ALIGN]
+            z: cute.struct.Align[cute.struct.MemRange[io_type, self.gate_buffers * TILE * P_TILE], SMEM_ALIGN]
             B: cute.struct.Align[cute.struct.MemRange[io_type, TILE * N], SMEM_ALIGN]
             C: cute.struct.Align[cute.struct.MemRange[io_type, TILE * N], SMEM_ALIGN]
             scratch: cute.struct.Align[cute.struct.MemRange[Float32, self._scratch_floats()], SMEM_ALIGN]

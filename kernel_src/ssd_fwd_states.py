@@ -21,6 +21,16 @@ class SsdForwardStates(SsdForward):
     family = "ssd_fwd_states"
     block_states_walk = True
     change_slots = SCAN_GROUP  # a scan group's sequence-change masks
+    # no outputs: no z, and of the scratch only the weighted x, so that three CTAs share an SM (sm_90a)
+    gate_buffers = 0
+    weighted_x_offset = 0
+
+    def _scratch_floats(self):
+        return TILE * P_TILE * 2 // 4
+
+    @property
+    def min_ctas_per_sm(self):
+        return 3 if self._warpgroup_mma() else 1
 
     @property
     def scan_group(self):
