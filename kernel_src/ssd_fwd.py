@@ -90,7 +90,7 @@ class SsdForward:
     @property
     def warps(self):
         """(rows, columns) of warps. One warpgroup (2 × 2) for the warpgroup MMAs, two CTAs per SM (one CTA's loads
-        and barriers overlap the other's products); 4 × 2 for the warp MMAs, one CTA per SM: their operand fragments
+        and barriers overlap the other's products; ssd_fwd_states aims at three); 4 × 2 for the warp MMAs, one CTA per SM: their operand fragments
         live in registers, which 4 warps holding the whole state cannot spare (ptxas spills)."""
         return (2, 2) if self._warpgroup_mma() else (4, 2)
 
