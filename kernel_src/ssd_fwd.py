@@ -90,8 +90,9 @@ class SsdForward:
     @property
     def warps(self):
         """(rows, columns) of warps. One warpgroup (2 × 2) for the warpgroup MMAs, two CTAs per SM (one CTA's loads
-        and barriers overlap the other's products; ssd_fwd_states aims at three); 4 × 2 for the warp MMAs, one CTA per SM: their operand fragments
-        live in registers, which 4 warps holding the whole state cannot spare (ptxas spills)."""
+        and barriers overlap the other's products; ssd_fwd_states aims at three); 4 × 2 for the warp MMAs, one CTA
+        per SM: their operand fragments live in registers, which 4 warps holding the whole state cannot spare (ptxas
+        spills)."""
         return (2, 2) if self._warpgroup_mma() else (4, 2)
 
     @property
@@ -162,8 +163,8 @@ class SsdForward:
 
     @cute.jit
     def walk(self, a, block, smem):
-        """One CTA's walk: (64-row slice of P, head, row or sequence source [times segments]) = ``block``, its shared memory
-        at ``smem`` (ssd_bwd_walks runs it beside another walk, in one shared memory)."""
+        """One CTA's walk: (64-row slice of P, head, row or sequence source [times segments]) = ``block``, its shared
+        memory at ``smem`` (ssd_bwd_walks runs it beside another walk, in one shared memory)."""
         P, N = self.headdim, self.d_state
         io_type, state_type = cutlass_dtype(self.io_dtype), cutlass_dtype(self.state_dtype)
         ptile, h, source = block
