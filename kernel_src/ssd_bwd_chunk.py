@@ -45,7 +45,7 @@ from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_input_strides
 from kernel_src.families import expect_constants
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, async_tile_copy, block_cumsum, copy_row,
                                   count_changes, fence_operands, first_set_bit, load_tile, make_mma, mn_view,
-                                  next_change, scale_row, smem_layout, store_pairs, transposed, vec, view)
+                                  next_change, scale_row, smem_layout, store_pairs, transposed, vec, vector, view)
 from kernel_src.ssm_math import SOFTPLUS_IDENTITY_ABOVE, delta_from_dt, sigmoid, warp_inclusive_scans
 
 LOG2_E = math.log2(math.e)
@@ -404,7 +404,7 @@ class SsdBackwardChunk:
         outside_hi = ~sm.masks[3]
         first, s1 = self._first_run(sm)
         s0 = first
-        landed = self._states_from_workspace(sm, rows)
+        landed = self._states_from_workspace(sm, first, s1, rows)
         if first < TILE:
             if landed == 0:
                 self._load_states(a, t, sm, row, h, blk, s0, s1, rows, tid, io_type)
@@ -551,10 +551,10 @@ class SsdBackwardChunk:
                                     next_change(~sm.masks[2], ~sm.masks[3], first))
 
     @cute.jit
-    def _states_from_workspace(self, sm, rows) -> Int32:
-        """1 when the first run's h₀ and dh_end are both the workspace's (the run continues the sequence of the
-        block before and reaches the block's end, as inside every long sequence): they then land by cp.async."""
-        first, s1 = self._first_run(sm)
+    def _states_from_workspace(self, sm, first, s1, rows) -> Int32:
+        """1 when the first run [first, s1) (:meth:`_first_run`) takes h₀ and dh_end both from the workspace (it
+        continues the sequence of the block before and reaches the block's end, as inside every long sequence): they
+        then land by cp.async."""
         landed = Int32(0)
         if (first == 0) & (sm.masks[4] != 0) & (s1 == rows):
             landed = Int32(1)
@@ -566,7 +566,8 @@ class SsdBackwardChunk:
         products take them) when they are the workspace's (:meth:`_states_from_workspace`); the head's tile wait
         covers them. Issued as soon as the tiles are free, so that they are off the head's critical path."""
         P, N = self.headdim, self.d_state
-        if self._states_from_workspace(sm, rows) != 0:
+        first, s1 = self._first_run(sm)
+        if self._states_from_workspace(sm, first, s1, rows) != 0:
             thr = g2s.get_slice(tid)
             whole = cute.make_identity_tensor((P, N))
             load_tile(g2s, thr, t.states[row, blk - 1, h, None, None], whole, sm.h0, (P, N), (0, 0), P)
@@ -586,8 +587,8 @@ class SsdBackwardChunk:
         dot = Float32(0.0)
         for k in cutlass.range_constexpr(P * N // (THREADS * CHUNK)):
             p, chunk = self._state_vector(tid, k)
-            h0v = cute.zipped_divide(sm.h0[p, None], (CHUNK,))[None, chunk].load().to(Float32)
-            dhv = cute.zipped_divide(sm.dh[p, None], (CHUNK,))[None, chunk].load().to(Float32)
+            h0v = vector(sm.h0[p, None], chunk).load().to(Float32)
+            dhv = vector(sm.dh[p, None], chunk).load().to(Float32)
             for e in cutlass.range_constexpr(CHUNK):
                 dot = dot + h0v[e] * dhv[e]
         dot = _warp_sum(dot)
@@ -657,8 +658,8 @@ class SsdBackwardChunk:
                 p, chunk = self._state_vector(tid, part * vectors + k)
                 for e in cutlass.range_constexpr(CHUNK):
                     dot = dot + h0v[e, k] * dhv[e, k]
-                cute.zipped_divide(sH0[p, None], (CHUNK,))[None, chunk].store(h0v[None, k].load().to(io_type))
-                cute.zipped_divide(sDh[p, None], (CHUNK,))[None, chunk].store(dhv[None, k].load().to(io_type))
+                vector(sH0[p, None], chunk).store(h0v[None, k].load().to(io_type))
+                vector(sDh[p, None], chunk).store(dhv[None, k].load().to(io_type))
         dot = _warp_sum(dot)
         if cute.arch.lane_idx() == 0:
             s_dot[cute.arch.warp_idx()] = dot

@@ -76,22 +76,27 @@ class SsdBackwardWalks:
         return self.recompute.params() + [dataclasses.replace(p, name=REVERSE_PREFIX + p.name)
                                           for p in self.reverse.params()]
 
+    def _bind_walks(self, args):
+        """The flat arguments as (the recompute's, the reverse pass's), each named as for its own kernel."""
+        recompute_params = self.recompute.params()
+        return (bind(recompute_params, args[:len(recompute_params)]),
+                bind(self.reverse.params(), args[len(recompute_params):]))
+
     @cute.jit
     def __call__(self, args: tuple, stream):
-        a = bind(self.recompute.params(), args[:len(self.recompute.params())])
+        a, _ = self._bind_walks(args)
         self.kernel(args).launch(grid=[self.headdim // P_TILE, a.nheads, 2 * a.batch], block=list(self.block),
                                  smem=self.dynamic_smem, stream=stream, min_blocks_per_mp=self.min_ctas_per_sm,
                                  preferred_smem_carveout=0)
 
     @cute.kernel
     def kernel(self, args: tuple):
-        recompute_params = self.recompute.params()
-        split = len(recompute_params)
+        recompute_args, reverse_args = self._bind_walks(args)
         ptile, h, source = cute.arch.block_idx()
         sources = cute.arch.grid_dim()[2] // 2
         # one allocation for both: each walk lays its own storage over it
         smem = cutlass.utils.SmemAllocator().allocate(self.dynamic_smem, SMEM_ALIGN)
         if source < sources:
-            self.recompute.walk(bind(recompute_params, args[:split]), (ptile, h, source), smem)
+            self.recompute.walk(recompute_args, (ptile, h, source), smem)
         else:
-            self.reverse.walk(bind(self.reverse.params(), args[split:]), (ptile, h, source - sources), smem)
+            self.reverse.walk(reverse_args, (ptile, h, source - sources), smem)
