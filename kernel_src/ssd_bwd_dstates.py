@@ -30,8 +30,8 @@ from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, strides
 from kernel_src.families import expect_constants
 from kernel_src.ssd_tiles import (CHUNK, SCAN_GROUP, SMEM_ALIGN, TILE, VECTOR, async_tile_copy, block_cumsum, buffer,
                                   count_changes, fence_operands, load_raw_block, load_state, load_tile, make_mma,
-                                  mask_bit, pairs, previous_change, scan_slot, smem_layout, source_tokens,
-                                  store_change_mask, store_state, transposed, vec, view)
+                                  mask_bit, previous_change, scan_slot, smem_layout, source_tokens, store_change_mask,
+                                  store_state, store_state_vectors, transposed, vec, view)
 from kernel_src.ssm_math import delta_from_dt, silu
 
 P_TILE = 64
@@ -61,7 +61,7 @@ class SsdBackwardStates:
         return [
             ptr("dout", io, align=rows), ptr("z", io, align=rows), ptr("dt", io), ptr("A", "fp32"),
             ptr("C", io, align=rows), ptr("dt_bias", "fp32"),
-            ptr("dfinal_states", "fp32"), ptr("dinitial_states", "fp32"), ptr("dstates", io, align=4),
+            ptr("dfinal_states", "fp32"), ptr("dinitial_states", "fp32"), ptr("dstates", io, align=rows),
             ptr("seq_idx", "int32"), ptr("cu_seqlens", "int32"),
             i32("batch"), i32("seqlen"), i32("nheads"), i32("heads_per_group"), i32("num_seqs"), i32("nblocks"),
             *strides("dout", "batch", "seqlen", "head"), *strides("z", "batch", "seqlen", "head"),
@@ -122,8 +122,8 @@ class SsdBackwardStates:
                       a.stride_dfinal_states_head, N, 1)
         dinitial = view(a.dinitial_states, (a.num_seqs, H, P, N), a.stride_dinitial_states_seq,
                         a.stride_dinitial_states_head, N, 1)
-        dstates = view(a.dstates, (a.batch, a.nblocks, H, P, N), pairs(a.stride_dstates_batch),
-                       pairs(a.stride_dstates_block), pairs(a.stride_dstates_head), N, 1)
+        dstates = view(a.dstates, (a.batch, a.nblocks, H, P, N), vec(a.stride_dstates_batch),
+                       vec(a.stride_dstates_block), vec(a.stride_dstates_head), N, 1)
 
         row, start, end = source_tokens(a, source, L)
         seq = source
@@ -200,7 +200,7 @@ class SsdBackwardStates:
                             valid = Int32(1)
                     load_state(acc, mma, dfinal[cute.math.min(seq, a.num_seqs - 1), h, None, None], p0, valid)
                 if s1 == block_last:
-                    store_state(dstates[row, blk, h, None, None], mma, acc, p0, io_type, paired=True)
+                    store_state_vectors(dstates[row, blk, h, None, None], mma, acc, p0, io_type)
 
                 self._run(a, mma, acc, sDout, sZ, sGe, sC, slot_cs, s0, s1, tid, io_type)
 

@@ -22,9 +22,9 @@ class SsdForwardStates(SsdForward):
     block_states_walk = True
     change_slots = SCAN_GROUP  # a scan group's sequence-change masks
     # no outputs: no z's tiles, and of the scratch only the weighted x (76160 B of dynamic shared memory at N = 128,
-    # 101760 with ssd_fwd's layout; measured faster at 2.7B, 381 → 312 µs). Three CTAs per SM is the register target;
-    # by shared memory three need 1152 B more than an SM's 233472 (each CTA also holds 1024 B static and 1024 B
-    # reserved), so at N = 128 it likely runs two: unconfirmed on the GPU
+    # 101760 with ssd_fwd's layout; measured faster at 2.7B, 381 → 312 µs): three CTAs per SM fit at N = 128 (with the
+    # 1024 B the driver reserves per CTA, 3 × 77184 of an SM's 233472 B) and 168 registers; ncu's launch statistics
+    # confirm three (its limits by registers and by shared memory)
     gate_buffers = 0
     weighted_x_offset = 0
 

@@ -15,6 +15,7 @@ TILE = 64        # tokens per block: the M and K extent of the intra-block produ
 VECTOR = 8       # 16-byte cp.async of 16-bit elements: the runtime checks strides and bases for it
 SMEM_ALIGN = 128
 CHUNK = 8        # elements per 16-byte shared-memory vector
+QUAD = 4         # lanes of an MMA accumulator row: two adjacent columns each of every 8-column group
 SCAN_GROUP = 4   # blocks whose Δ a walk's first warps scan at once, warp w the group's block w
 
 
@@ -50,6 +51,51 @@ def store_state(dst, mma, acc, p0, state_type: cutlass.Constexpr, paired: cutlas
         coords = mma.thr.partition_C(cute.make_identity_tensor((64, cute.size(dst, mode=[1]))))
         for e in cutlass.range_constexpr(cute.size(acc)):
             dst[p0 + coords[e][0], coords[e][1]] = acc[e].to(state_type)
+
+
+@cute.jit
+def store_state_vectors(dst, mma, acc, p0, dtype: cutlass.Constexpr):
+    """An accumulator over (64 rows of P from p0, a multiple of 64, N) into a (P, N) state block in a 16-bit
+    ``dtype``, in 16-byte vectors, through registers alone (``dst``'s rows must be known to be 16-byte aligned).
+
+    An MMA accumulator gives the four lanes of a quad two adjacent columns each of every 8-column group of a row
+    (lane q columns 2q, 2q + 1): a store per pair is 4 bytes, and a warp's store then writes 16 bytes of each of
+    8 rows. Here each quad transposes the pairs of 4 groups by two butterfly shuffles, so that lane q holds group
+    q's whole 8 columns and stores them at once: a quarter of the store instructions, each writing whole sectors
+    (the pair stores held the reverse pass on the memory pipeline's throughput)."""
+    rows = cute.local_tile(dst, (64, cute.size(dst, mode=[1])), (p0 // 64, 0))
+    frag = mn_view(acc)
+    coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((64, cute.size(dst, mode=[1])))))
+    quad = cute.arch.lane_idx() % QUAD
+    odd = quad % 2 != 0    # the lane's place in its pair (first butterfly)
+    upper = quad >= 2      # the pair's place in the quad (second butterfly)
+    packed = cute.make_rmem_tensor((2 * QUAD,), dtype)
+    words = cute.recast_tensor(packed, Int32)   # word j: the lane's pair of group j of the set
+    out = cute.make_rmem_tensor((QUAD,), Int32)  # group `quad` of the set: the pairs of lanes 0 .. 3
+    for r in cutlass.range_constexpr(cute.size(frag, mode=[0])):
+        for m in cutlass.range_constexpr(cute.size(frag, mode=[1]) // 2 // QUAD):
+            for j in cutlass.range_constexpr(QUAD):
+                packed[2 * j] = frag[r, (0, QUAD * m + j)].to(dtype)
+                packed[2 * j + 1] = frag[r, (1, QUAD * m + j)].to(dtype)
+            # first butterfly (lanes q, q ^ 1): keep the groups of the lane's parity, trade the others; unit s is
+            # then group 2s + parity from both lanes of the pair, in lane order
+            units = []
+            for s in cutlass.range_constexpr(2):
+                even, odd_word = words[2 * s], words[2 * s + 1]
+                got = cute.arch.shuffle_sync_bfly(Int32(cutlass.select_(odd, even, odd_word)), 1)
+                keep = Int32(cutlass.select_(odd, odd_word, even))
+                units.append((Int32(cutlass.select_(odd, got, keep)), Int32(cutlass.select_(odd, keep, got))))
+            # second butterfly (lanes q, q ^ 2): keep unit `upper` (group quad), trade the other
+            for k in cutlass.range_constexpr(2):
+                got = cute.arch.shuffle_sync_bfly(Int32(cutlass.select_(upper, units[0][k], units[1][k])), 2)
+                keep = Int32(cutlass.select_(upper, units[1][k], units[0][k]))
+                out[k] = Int32(cutlass.select_(upper, got, keep))
+                out[2 + k] = Int32(cutlass.select_(upper, keep, got))
+            # the lane's own column in group `quad` lies in that group's 8-column vector
+            col = coords[r, (0, QUAD * m)][1]
+            for j in cutlass.range_constexpr(1, QUAD):
+                col = Int32(cutlass.select_(quad == j, coords[r, (0, QUAD * m + j)][1], col))
+            vector(rows[coords[r, (0, 0)][0], None], col // CHUNK).store(cute.recast_tensor(out, dtype).load())
 
 
 @cute.jit
