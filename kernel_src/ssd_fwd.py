@@ -660,19 +660,28 @@ class SsdForward:
                     io_type: cutlass.Constexpr):
         workers = self.threads - 32
         runs = P_TILE // CHUNK
-        for k in cutlass.range_constexpr((TILE * runs + workers - 1) // workers):
+        items = TILE * runs
+        # every item's tiles read first, outside the row test (a load under a branch cannot be moved above the
+        # stores before it, so each item's shared-memory latency was exposed in turn); the last round's surplus
+        # workers read the last item and store nothing
+        loaded = []
+        for k in cutlass.range_constexpr((items + workers - 1) // workers):
+            item = cute.math.min(worker + k * workers, Int32(items - 1))
+            s, run = item // runs, item % runs
+            z = vector(sZ[s, None], run).load() if cutlass.const_expr(gated) else None
+            loaded.append((vector(sY[s, None], run).load(), vector(sD, run).load(), vector(sX[s, None], run).load(), z))
+        for k in cutlass.range_constexpr((items + workers - 1) // workers):
             item = worker + k * workers
-            s = item // runs
-            run = item % runs
-            if (item < TILE * runs) & (s >= s0) & (s < s1):
-                y = cute.make_rmem_tensor((CHUNK,), Float32)
-                y.store(vector(sY[s, None], run).load() + vector(sD, run).load() * vector(sX[s, None], run).load().to(
-                    Float32))
-                if cutlass.const_expr(gated):
-                    z = cute.make_rmem_tensor((CHUNK,), Float32)
-                    z.store(vector(sZ[s, None], run).load().to(Float32))
-                    for e in cutlass.range_constexpr(CHUNK):
-                        y[e] = y[e] * silu_approx(z[e])
+            s, run = item // runs, item % runs
+            y_part, d, x, z = loaded[k]
+            y = cute.make_rmem_tensor((CHUNK,), Float32)
+            y.store(y_part + d * x.to(Float32))
+            if cutlass.const_expr(gated):
+                gate = cute.make_rmem_tensor((CHUNK,), Float32)
+                gate.store(z.to(Float32))
+                for e in cutlass.range_constexpr(CHUNK):
+                    y[e] = y[e] * silu_approx(gate[e])
+            if (item < items) & (s >= s0) & (s < s1):
                 vector(rows[block_start + s, None], ptile * runs + run).store(y.load().to(io_type))
 
     @cute.jit

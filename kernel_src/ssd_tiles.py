@@ -264,14 +264,18 @@ def smem_layout(shape):
 
 @cute.jit
 def scale_row(src, dst, s, part, per_row: cutlass.Constexpr, factor: Float32, io_type: cutlass.Constexpr):
-    """dst[s, cols] = src[s, cols] · factor for this thread's share of row s, 8 elements (16 bytes) at a time."""
+    """dst[s, cols] = src[s, cols] · factor for this thread's share of row s, 8 elements (16 bytes) at a time. The
+    share is read whole before anything is written: the compiler cannot tell the tiles apart, so a read after a
+    write would wait for it, and each read's latency would be exposed in turn."""
     chunks = cute.size(src, mode=[1]) // CHUNK
     src_row = cute.zipped_divide(src[s, None], (CHUNK,))
     dst_row = cute.zipped_divide(dst[s, None], (CHUNK,))
-    for k in cutlass.range_constexpr(chunks // per_row):
-        chunk = part * (chunks // per_row) + k
-        values = src_row[None, chunk].load().to(Float32) * factor
-        dst_row[None, chunk].store(values.to(io_type))
+    share = chunks // per_row
+    values = []
+    for k in cutlass.range_constexpr(share):
+        values.append(src_row[None, part * share + k].load())
+    for k in cutlass.range_constexpr(share):
+        dst_row[None, part * share + k].store((values[k].to(Float32) * factor).to(io_type))
 
 
 @cute.jit
