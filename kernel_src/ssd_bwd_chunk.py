@@ -45,7 +45,7 @@ from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_input_strides
 from kernel_src.families import expect_constants
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, async_tile_copy, block_cumsum, copy_row,
                                   count_changes, fence_operands, first_set_bit, load_tile, make_mma, mn_view,
-                                  next_change, scale_row, smem_layout, store_pairs, transposed, vec, vector, view)
+                                  next_change, scale_rows, smem_layout, store_pairs, transposed, vec, vector, view)
 from kernel_src.ssm_math import SOFTPLUS_IDENTITY_ABOVE, delta_from_dt, sigmoid, warp_inclusive_scans
 
 LOG2_E = math.log2(math.e)
@@ -525,11 +525,15 @@ class SsdBackwardChunk:
         part = tid % per_row
         chunks = P // CHUNK
         inside = sm.seq[s] >= 0
+        loaded = []  # (the share read before G overwrites dout: scale_rows says why)
         for k in cutlass.range_constexpr(chunks // per_row):
             chunk = part * (chunks // per_row) + k
-            dout = cute.zipped_divide(sm.G[s, None], (CHUNK,))[None, chunk]
-            zs = cute.zipped_divide(sZ[s, None], (CHUNK,))[None, chunk].load().to(Float32)
-            ds = dout.load().to(Float32)
+            loaded.append((vector(sm.G[s, None], chunk).load(), vector(sZ[s, None], chunk).load()))
+        for k in cutlass.range_constexpr(chunks // per_row):
+            chunk = part * (chunks // per_row) + k
+            dout = vector(sm.G[s, None], chunk)
+            ds = loaded[k][0].to(Float32)
+            zs = loaded[k][1].to(Float32)
             gated = cute.make_rmem_tensor((CHUNK,), Float32)
             dz = cute.make_rmem_tensor((CHUNK,), Float32)
             for e in cutlass.range_constexpr(CHUNK):
@@ -688,8 +692,7 @@ class SsdBackwardChunk:
         e_s = Float32(cutlass.select_(in_run, cute.math.exp2(cute.math.min(cs_s - base, zero), fastmath=True), zero))
         sXw = cute.make_tensor(sm.scaled.iterator, smem_layout((TILE, P)))
         sGe = cute.make_tensor(sm.scaled.iterator + TILE * P, smem_layout((TILE, P)))
-        scale_row(sm.x, sXw, s, part, per_row, w, io_type)
-        scale_row(sm.G, sGe, s, part, per_row, e_s, io_type)
+        scale_rows([(sm.x, sXw, w), (sm.G, sGe, e_s)], s, part, per_row, io_type)
         if in_run & (part == 0):
             s_run_end[s] = s1
             s_run_start[s] = s0
@@ -866,9 +869,14 @@ class SsdBackwardChunk:
         dz_pair = cute.make_rmem_tensor((2,), t.dz.element_type)
         for r in cutlass.range_constexpr(cute.size(Y, mode=[0])):
             if coords[r, 0][0] < rows:
+                # the row's factors (global) and x pairs read before its first store: a read after a store to dz
+                # could not be moved above it, and each would wait its full latency in turn
+                loaded = []
                 for n in cutlass.range_constexpr(cute.size(Y, mode=[1]) // 2):
-                    x_pair = x_rows[r, (None, n)].load().to(Float32)
-                    factor = dz_rows[r, (None, n)].load().to(Float32)
+                    loaded.append((x_rows[r, (None, n)].load(), dz_rows[r, (None, n)].load()))
+                for n in cutlass.range_constexpr(cute.size(Y, mode=[1]) // 2):
+                    x_pair = loaded[n][0].to(Float32)
+                    factor = loaded[n][1].to(Float32)
                     for half in cutlass.range_constexpr(2):
                         y = Y[r, 2 * n + half] + sm.D[coords[0, 2 * n + half][1]] * x_pair[half]
                         dz_pair[half] = (y * factor[half]).to(t.dz.element_type)

@@ -45,7 +45,7 @@ from cutlass import Float32, Int32
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
 from kernel_src.families import expect_constants
 from kernel_src.ssd_tiles import (CHUNK, SCAN_GROUP, SMEM_ALIGN, TILE, VECTOR, async_tile_copy, block_cumsum, buffer,
-                                  fence_operands, load_tile, make_mma, mask_bit, mn_view, next_change, pairs, scale_row,
+                                  fence_operands, load_tile, make_mma, mask_bit, mn_view, next_change, pairs, scale_rows,
                                   scan_slot, smem_layout, source_tokens, store_change_bits, store_pairs, store_state,
                                   transposed, vec, vector, view)
 from kernel_src.ssm_math import delta_from_dt, silu_approx
@@ -516,7 +516,7 @@ class SsdForward:
         zero = Float32(0.0)
         weight = Float32(cutlass.select_((s >= s0) & (s < s1), cute.math.exp2(cute.math.min(cs_end - sCs[s], zero),
                                                                              fastmath=True) * sDelta[s], zero))
-        scale_row(sX, sXw, s, tid % per_row, per_row, weight, io_type)
+        scale_rows([(sX, sXw, weight)], s, tid % per_row, per_row, io_type)
 
     @cute.jit
     def _advance_state(self, mma, acc_h, sXw, sB, base, cs_end):
