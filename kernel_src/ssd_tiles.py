@@ -65,6 +65,7 @@ def store_state_vectors(dst, mma, acc, p0, dtype: cutlass.Constexpr):
     (the pair stores held the reverse pass on the memory pipeline's throughput)."""
     rows = cute.local_tile(dst, (64, cute.size(dst, mode=[1])), (p0 // 64, 0))
     frag = mn_view(acc)
+    assert cute.size(frag, mode=[1]) // 2 % QUAD == 0, "a lane's 8-column groups must come in sets of four"
     coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((64, cute.size(dst, mode=[1])))))
     quad = cute.arch.lane_idx() % QUAD
     odd = quad % 2 != 0    # the lane's place in its pair (first butterfly)

@@ -83,6 +83,8 @@ def test_valid_call_binds_its_launches():
     assert (forward.params["stride_block_states_head"], forward.params["stride_block_states_block"],
             chunk.params["stride_states_block"]) == (P * N, H * P * N, H * P * N)
     assert regions["dstates"] - regions["states"] == -(-BATCH * NBLOCKS * H * P * N * 2 // 256) * 256
+    # the reverse pass stores dstates in 16-byte vectors (its kernel assumes a 16-byte base and strides of 8 elements)
+    assert all(states.params[f"stride_dstates_{dim}"] % 8 == 0 for dim in ("batch", "block", "head"))
     assert reduce.params["partials"] == regions["partials"]
     starts = sorted(regions.values())
     assert all(lo <= s < hi and s % 256 == 0 for s in starts) and len(set(starts)) == 4
