@@ -191,10 +191,13 @@ class SsdBackwardChunk:
         _park(v_sum, sm.V_sum[tid, None])
         first_head = g * a.heads_per_group + split * heads_per_split
         head_dt = self._load_head_dt(a, t, sm, row, first_head, block_start, cute.arch.lane_idx())
-        self._land_states(t, sm, g2s, row, first_head, blk, rows, tid)
+        # the block's first sequence run, the same for every head, and whether its states land from the workspace
+        first, first_end = self._first_run(sm)
+        first_run = (first, first_end, self._states_from_workspace(sm, first, first_end, rows))
+        self._land_states(t, sm, g2s, row, first_head, blk, first_run[2], tid)
         for k in range(heads_per_split):
             head_dt = self._head(a, t, sm, mma, g2s, row, first_head + k, k + 1 < heads_per_split, head_dt, blk,
-                                 block_start, rows, tid, io_type)
+                                 block_start, rows, first_run, tid, io_type)
 
         # Σ_heads Vᵀ·C = (Σ_heads V)ᵀ·C and Σ_heads V·B = (Σ_heads V)·B: the V products once, with the sum rounded
         # to the I/O dtype into S's tile (free after the last head)
@@ -370,10 +373,11 @@ class SsdBackwardChunk:
         return key, inside, number
 
     @cute.jit
-    def _head(self, a, t, sm, mma, g2s, row, h, has_next, head_dt, blk, block_start, rows, tid,
+    def _head(self, a, t, sm, mma, g2s, row, h, has_next, head_dt, blk, block_start, rows, first_run, tid,
               io_type: cutlass.Constexpr):
-        """Head h's gradients of the block, from warp 0's ``head_dt`` (:meth:`_load_head_dt`); returns the next
-        head's, which warp 0 loads during this head's last steps."""
+        """Head h's gradients of the block, from warp 0's ``head_dt`` (:meth:`_load_head_dt`) and the block's
+        ``first_run`` (start, end, whether its states land from the workspace); returns the next head's dt, which
+        warp 0 loads during this head's last steps."""
         sm = sm.for_head(h % 2)
         P = self.headdim
         L = a.seqlen
@@ -402,9 +406,8 @@ class SsdBackwardChunk:
         starts_hi = sm.masks[1]
         outside_lo = ~sm.masks[2]
         outside_hi = ~sm.masks[3]
-        first, s1 = self._first_run(sm)
+        first, s1, landed = first_run
         s0 = first
-        landed = self._states_from_workspace(sm, first, s1, rows)
         if first < TILE:
             if landed == 0:
                 self._load_states(a, t, sm, row, h, blk, s0, s1, rows, tid, io_type)
@@ -447,7 +450,7 @@ class SsdBackwardChunk:
             s0 = next_change(starts_lo, starts_hi, s1 - 1)
 
         return self._finish(a, t, sm, mma, g2s, acc_dx, acc_y, row, h, has_next, head_dt, blk, block_start, rows,
-                            tid, io_type)
+                            landed, tid, io_type)
 
     @cute.jit
     def _prefetch_states(self, t, row, h, blk):
@@ -543,7 +546,7 @@ class SsdBackwardChunk:
                                                 Float32(0.0)))
             dout.store(gated.load().to(io_type))
             if s < rows:
-                cute.zipped_divide(t.dz[row, block_start + s, h, None], (CHUNK,))[None, chunk].store(dz.load().to(io_type))
+                vector(t.dz[row, block_start + s, h, None], chunk).store(dz.load().to(io_type))
 
     @cute.jit
     def _first_run(self, sm):
@@ -565,13 +568,12 @@ class SsdBackwardChunk:
         return landed
 
     @cute.jit
-    def _land_states(self, t, sm, g2s, row, h, blk, rows, tid):
+    def _land_states(self, t, sm, g2s, row, h, blk, landed, tid):
         """cp.async of head h's h₀ and dh_end of the first run straight into their tiles (the I/O dtype, as the
-        products take them) when they are the workspace's (:meth:`_states_from_workspace`); the head's tile wait
-        covers them. Issued as soon as the tiles are free, so that they are off the head's critical path."""
+        products take them) when ``landed``, they are the workspace's (:meth:`_states_from_workspace`); the head's
+        tile wait covers them. Issued as soon as the tiles are free, so that they are off the head's critical path."""
         P, N = self.headdim, self.d_state
-        first, s1 = self._first_run(sm)
-        if self._states_from_workspace(sm, first, s1, rows) != 0:
+        if landed != 0:
             thr = g2s.get_slice(tid)
             whole = cute.make_identity_tensor((P, N))
             load_tile(g2s, thr, t.states[row, blk - 1, h, None, None], whole, sm.h0, (P, N), (0, 0), P)
@@ -797,8 +799,8 @@ class SsdBackwardChunk:
         _accumulate(mma, sm.dC[tid, None], sGe, transposed(sm.h0, P, N), P // 16, b_transposed=True)
 
     @cute.jit
-    def _finish(self, a, t, sm, mma, g2s, acc_dx, acc_y, row, h, has_next, head_dt, blk, block_start, rows, tid,
-                io_type: cutlass.Constexpr):
+    def _finish(self, a, t, sm, mma, g2s, acc_dx, acc_y, row, h, has_next, head_dt, blk, block_start, rows, landed,
+                tid, io_type: cutlass.Constexpr):
         """The head's products with S, dx, dz, ddt and the partial sums; returns the next head's dt (warp 0)."""
         P = self.headdim
         warp_id = cute.arch.warp_idx()
@@ -818,7 +820,7 @@ class SsdBackwardChunk:
                 raw0, raw1, bias, A_next = self._load_head_dt(a, t, sm, row, h + 1, block_start, lane)
         self._straddling_sums(sm, mma, tid)
         if has_next:  # (the states tile is free again: the next head's states land during this head's last steps)
-            self._land_states(t, sm, g2s, row, h + 1, blk, rows, tid)
+            self._land_states(t, sm, g2s, row, h + 1, blk, landed, tid)
 
         # dx = Sᵀ·G + Δ ⊙ U + D ⊙ G (rows inside a sequence, below L)
         dx_out, partials = t.dx, t.partials

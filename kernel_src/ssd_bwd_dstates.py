@@ -186,7 +186,7 @@ class SsdBackwardStates:
             seg_first = cute.math.max(start, block_start) - block_start
             s1 = cute.math.min(end, block_start + TILE) - block_start
             block_last = cute.math.min(block_start + TILE, L) - block_start
-            later_run = Int32(0)  # a run of this block was walked before (the barrier above covers the first)
+            block_end = s1  # (the first run walked ends here: the barrier above orders its gating)
             while s1 > seg_first:
                 s0 = cute.math.max(previous_change(changes_lo, changes_hi, s1 - 1), seg_first)
                 ends_sequence = Int32(0)
@@ -203,8 +203,7 @@ class SsdBackwardStates:
                 if s1 == block_last:
                     store_state_vectors(dstates[row, blk, h, None, None], mma, acc, p0, io_type)
 
-                self._run(a, mma, acc, sDout, sZ, sGe, sC, slot_cs, s0, s1, later_run, tid, io_type)
-                later_run = Int32(1)
+                self._run(a, mma, acc, sDout, sZ, sGe, sC, slot_cs, s0, s1, s1 < block_end, tid, io_type)
 
                 starts_sequence = mask_bit(changes_lo, changes_hi, s0)
                 if block_start + s0 == start:
@@ -231,7 +230,7 @@ class SsdBackwardStates:
         if s0 > 0:
             base = sCs[s0 - 1]
         cs_end = sCs[s1 - 1]
-        if later_run != 0:
+        if later_run:
             cute.arch.sync_threads()  # every warp done reading the last run's scaled rows
         self._gated_rows(a, sDout, sZ, sGe, sCs, base, s0, s1, tid, io_type)
         fence_operands(mma)

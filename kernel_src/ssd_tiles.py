@@ -268,17 +268,14 @@ def scale_rows(scalings, s, part, per_row: cutlass.Constexpr, io_type: cutlass.C
     """dst[s, cols] = src[s, cols] · factor for each (src, dst, factor) of ``scalings``, this thread's share of row s,
     8 elements (16 bytes) at a time. Every share is read before anything is written: the compiler cannot tell the
     tiles apart, so a read after a write would wait behind it, and each read's latency would be exposed in turn."""
-    values = []
-    for src, _, _ in scalings:
-        src_row = cute.zipped_divide(src[s, None], (CHUNK,))
-        share = cute.size(src, mode=[1]) // CHUNK // per_row
-        for k in cutlass.range_constexpr(share):
-            values.append(src_row[None, part * share + k].load())
+    loaded = []  # (destination vector, factor, source values)
     for src, dst, factor in scalings:
-        dst_row = cute.zipped_divide(dst[s, None], (CHUNK,))
         share = cute.size(src, mode=[1]) // CHUNK // per_row
         for k in cutlass.range_constexpr(share):
-            dst_row[None, part * share + k].store((values.pop(0).to(Float32) * factor).to(io_type))
+            chunk = part * share + k
+            loaded.append((vector(dst[s, None], chunk), factor, vector(src[s, None], chunk).load()))
+    for dst_vector, factor, values in loaded:
+        dst_vector.store((values.to(Float32) * factor).to(io_type))
 
 
 @cute.jit
