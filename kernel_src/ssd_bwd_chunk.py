@@ -46,14 +46,15 @@ from kernel_src.families import expect_constants
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, async_tile_copy, block_cumsum, copy_row,
                                   count_changes, fence_operands, first_set_bit, load_tile, make_mma, mn_view,
                                   next_change, scale_rows, smem_layout, store_pairs, transposed, vec, vector, view)
-from kernel_src.ssm_math import SOFTPLUS_IDENTITY_ABOVE, delta_from_dt, sigmoid, warp_inclusive_scans
+from kernel_src.ssm_math import delta_from_dt, delta_slope, sigmoid, warp_inclusive_scans
 
 LOG2_E = math.log2(math.e)
 WARPS = 8
 THREADS = WARPS * 32
 PARTIAL_EXTRA = 2   # partials[..., P] = dA, partials[..., P + 1] = ddt_bias
 STATE_BATCH = 32    # state values a thread loads at once (at most)
-PARTS = 3           # per-warp row / column sums: of Q ⊙ M over i, of G ⊙ y0 over P, of x ⊙ U over P
+PARTS = 3           # partial row / column sums: of Q ⊙ M over i, of G ⊙ y0 over P, of x ⊙ U over P
+WARP_ROWS, WARP_COLUMNS = 4, 2  # the accumulators' warps: warp w holds rows of group w % 4, columns of group w // 4
 QUARTERS = THREADS // TILE  # the straddling sums' column pass: each thread sums one quarter of a column's rows
 PARK_VECTOR = 4     # fp32 values of a parked accumulator moved per shared-memory access
 
@@ -70,7 +71,7 @@ class SsdBackwardChunk:
     def __init__(self, headdim: int, d_state: int, io_dtype: str, state_dtype: str):
         expect_constants(self, headdim=headdim, d_state=d_state, io_dtype=io_dtype, state_dtype=state_dtype)
         self.headdim, self.d_state, self.io_dtype, self.state_dtype = headdim, d_state, io_dtype, state_dtype
-        self.warps = (4, 2)
+        self.warps = (WARP_ROWS, WARP_COLUMNS)
         self.threads = THREADS
         self.block = (THREADS, 1, 1)
         self.cluster = (1, 1, 1)
@@ -247,16 +248,17 @@ class SsdBackwardChunk:
             straddle: cute.struct.Align[cute.struct.MemRange[Float32, QUARTERS * TILE], SMEM_ALIGN]
             dD_slices: cute.struct.Align[cute.struct.MemRange[Float32, THREADS], SMEM_ALIGN]
             D: cute.struct.Align[cute.struct.MemRange[Float32, P], SMEM_ALIGN]
-            # Δ, its cumsum and dt + dt_bias per row, one set per head parity: warp 0 scans the next head while
+            # Δ, its cumsum and dΔ/d(dt) per row, one set per head parity: warp 0 scans the next head while
             # warp 1 still reads this head's in its row pass
             delta: cute.struct.Align[cute.struct.MemRange[Float32, 2 * TILE], SMEM_ALIGN]
             cs: cute.struct.Align[cute.struct.MemRange[Float32, 2 * TILE], SMEM_ALIGN]
-            dt_in: cute.struct.Align[cute.struct.MemRange[Float32, 2 * TILE], SMEM_ALIGN]
+            slope: cute.struct.Align[cute.struct.MemRange[Float32, 2 * TILE], SMEM_ALIGN]
             last: cute.struct.Align[cute.struct.MemRange[Float32, TILE], SMEM_ALIGN]
             suffix: cute.struct.Align[cute.struct.MemRange[Float32, TILE + 1], SMEM_ALIGN]
             suffix_q: cute.struct.Align[cute.struct.MemRange[Float32, TILE + 1], SMEM_ALIGN]
-            # per warp: column sums of Q ⊙ M, row sums of G ⊙ y0 and x ⊙ U (added in a fixed order)
-            parts: cute.struct.Align[cute.struct.MemRange[Float32, PARTS * WARPS * TILE], SMEM_ALIGN]
+            # the partial sums of the warps sharing a column (Q ⊙ M: one slot per row group) or a row (G ⊙ y0, x ⊙ U:
+            # one per column group), each slot written by one warp, added in warp order
+            parts: cute.struct.Align[cute.struct.MemRange[Float32, PARTS * WARP_ROWS * TILE], SMEM_ALIGN]
             dot: cute.struct.Align[cute.struct.MemRange[Float32, WARPS], SMEM_ALIGN]
             seq: cute.struct.Align[cute.struct.MemRange[Int32, TILE], SMEM_ALIGN]
             run_start: cute.struct.Align[cute.struct.MemRange[Int32, TILE], SMEM_ALIGN]
@@ -426,7 +428,7 @@ class SsdBackwardChunk:
         # (zeroed only now: warp 1 reads the last head's sums in _rows until it reaches the barrier above)
         if tid < TILE:
             s_last[tid] = Float32(0.0)
-        for k in cutlass.range_constexpr(PARTS * WARPS * TILE // THREADS):
+        for k in cutlass.range_constexpr(PARTS * WARP_ROWS * TILE // THREADS):
             s_parts[k * THREADS + tid] = Float32(0.0)
 
         if a.has_z != 0:
@@ -498,25 +500,26 @@ class SsdBackwardChunk:
 
     @cute.jit
     def _scan_head(self, a, sm, head_dt, lane):
-        """Warp 0: Δ (zero outside every sequence), its cumsum of Δ·A·log2(e) and dt + dt_bias of the block's rows."""
+        """Warp 0: Δ (zero outside every sequence), its cumsum of Δ·A·log2(e) and dΔ/d(dt) of the block's rows (the
+        slope here, off warp 1's row pass, whose serial chain the next head's prologue waited for)."""
         raw0, raw1, bias, A = head_dt
         d0 = Float32(0.0)
         d1 = Float32(0.0)
-        v0 = Float32(0.0)
-        v1 = Float32(0.0)
+        slope0 = Float32(0.0)
+        slope1 = Float32(0.0)
         if sm.seq[lane] >= 0:
-            v0 = raw0.to(Float32) + bias
-            d0 = delta_from_dt(v0, Float32(0.0), a.dt_softplus, a.dt_min, a.dt_max)
+            d0 = delta_from_dt(raw0.to(Float32), bias, a.dt_softplus, a.dt_min, a.dt_max)
+            slope0 = delta_slope(raw0.to(Float32) + bias, a.dt_softplus, a.dt_min, a.dt_max)
         if sm.seq[lane + 32] >= 0:
-            v1 = raw1.to(Float32) + bias
-            d1 = delta_from_dt(v1, Float32(0.0), a.dt_softplus, a.dt_min, a.dt_max)
+            d1 = delta_from_dt(raw1.to(Float32), bias, a.dt_softplus, a.dt_min, a.dt_max)
+            slope1 = delta_slope(raw1.to(Float32) + bias, a.dt_softplus, a.dt_min, a.dt_max)
         c0, c1 = block_cumsum(d0, d1, A * Float32(LOG2_E), lane)
         sm.delta[lane] = d0
         sm.delta[lane + 32] = d1
         sm.cs[lane] = c0
         sm.cs[lane + 32] = c1
-        sm.dt_in[lane] = v0
-        sm.dt_in[lane + 32] = v1
+        sm.slope[lane] = slope0
+        sm.slope[lane + 32] = slope1
 
     @cute.jit
     def _gate(self, t, sm, sZ, row, h, block_start, rows, tid, io_type: cutlass.Constexpr):
@@ -711,7 +714,7 @@ class SsdBackwardChunk:
         # Q ⊙ M, and W = Q ⊙ M Δ_j in place of Q in the parked fragment (each entry belongs to at most one run)
         warp_id = cute.arch.warp_idx()
         lane = cute.arch.lane_idx()
-        parts = cute.make_tensor(sm.parts.iterator, cute.make_layout((PARTS, WARPS, TILE), stride=(WARPS * TILE, TILE, 1)))
+        parts = _parts_view(sm)
         coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, TILE))))
         frag = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
         cb = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
@@ -753,7 +756,7 @@ class SsdBackwardChunk:
                 # a run's row is written whole: its entries outside the run are zero (M is block-diagonal by run)
                 if row_in:
                     S_rows[r, (None, n)].store(s_pair.load())
-        _column_sums(F, coords, parts[0, warp_id, None], lane)
+        _column_sums(F, coords, parts[0, warp_id % WARP_ROWS, None], lane)
         _park(stored, sm.Q[tid, None])
         _park(v_sum, sm.V_sum[tid, None])
 
@@ -778,7 +781,7 @@ class SsdBackwardChunk:
                     u = f * T_[r, c]
                     dX[r, c] = dX[r, c] + delta_i * u
                     T_[r, c] = u * x_pair[half]
-        _row_sums(T_, coords_p, parts[2, warp_id, None], lane)
+        _row_sums(T_, coords_p, parts[2, warp_id // WARP_ROWS, None], lane)
         # y0 = e ⊙ C·h₀ᵀ on the run's rows (y's share from the entering state): row sums of G ⊙ y0
         tmp.fill(0.0)
         mma.gemm(tmp, sm.C, sm.h0, N // 16)
@@ -793,7 +796,7 @@ class SsdBackwardChunk:
                     y0 = f * T_[r, 2 * n + half]
                     Y[r, 2 * n + half] = Y[r, 2 * n + half] + y0
                     T_[r, 2 * n + half] = y0 * g_pair[half]
-        _row_sums(T_, coords_p, parts[1, warp_id, None], lane)
+        _row_sums(T_, coords_p, parts[1, warp_id // WARP_ROWS, None], lane)
         # dB += (w ⊙ x)·dh_end ; dC += (e ⊙ G)·h₀
         _accumulate(mma, sm.dB[tid, None], sXw, transposed(sm.dh, P, N), P // 16, b_transposed=True)
         _accumulate(mma, sm.dC[tid, None], sGe, transposed(sm.h0, P, N), P // 16, b_transposed=True)
@@ -808,7 +811,7 @@ class SsdBackwardChunk:
         zero = Float32(0.0)
         coords_p = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P))))
         G_rows = mn_view(mma.thr.partition_C(sm.G))
-        parts = cute.make_tensor(sm.parts.iterator, cute.make_layout((PARTS, WARPS, TILE), stride=(WARPS * TILE, TILE, 1)))
+        parts = _parts_view(sm)
         fence_operands(mma)
         cute.arch.sync_threads()  # S, Σ V's share and every warp's row and column sums are in shared memory
         raw0 = t.dt.element_type(0.0)
@@ -960,8 +963,8 @@ class SsdBackwardChunk:
             i = lane + 32 * half
             sums = [zero] * PARTS
             for q in cutlass.range_constexpr(PARTS):
-                for wi in cutlass.range_constexpr(WARPS):
-                    sums[q] = sums[q] + parts[q, wi, i]
+                for slot in cutlass.range_constexpr(WARP_ROWS if q == 0 else WARP_COLUMNS):
+                    sums[q] = sums[q] + parts[q, slot, i]
             delta_i = sm.delta[i]
             # sums: 0 column sums of Q ⊙ M, 1 G·y0, 2 x·U
             dlam[half] = sums[1] + sm.last[i]
@@ -983,15 +986,7 @@ class SsdBackwardChunk:
                       + (sm.suffix_q[sm.run_start[i]] - sm.suffix_q[i]))
                 d_delta = direct[half] + A * da
                 dA_part = dA_part + sm.delta[i] * da
-                v = sm.dt_in[i]
-                slope = Float32(1.0)
-                value = v
-                if a.dt_softplus != 0:
-                    if v <= Float32(SOFTPLUS_IDENTITY_ABOVE):
-                        value = cute.math.log1p(cute.math.exp(v))
-                        slope = sigmoid(v)
-                if (value >= a.dt_min) & (value <= a.dt_max):
-                    ddt = d_delta * slope
+                ddt = d_delta * sm.slope[i]
                 bias_part = bias_part + ddt
             if i < rows:
                 ddt_out[row, block_start + i, h] = ddt.to(io_type)
@@ -1026,11 +1021,11 @@ class Shared:
         self.dD_slices = storage.dD_slices.get_tensor(cute.make_layout((THREADS,)))
         self.D = storage.D.get_tensor(cute.make_layout((P,)))
         self._per_head = {name: getattr(storage, name).get_tensor(cute.make_layout((2 * TILE,)))
-                          for name in ("delta", "cs", "dt_in")}
+                          for name in ("delta", "cs", "slope")}
         self.last = storage.last.get_tensor(cute.make_layout((TILE,)))
         self.suffix = storage.suffix.get_tensor(cute.make_layout((TILE + 1,)))
         self.suffix_q = storage.suffix_q.get_tensor(cute.make_layout((TILE + 1,)))
-        self.parts = storage.parts.get_tensor(cute.make_layout((PARTS * WARPS * TILE,)))
+        self.parts = storage.parts.get_tensor(cute.make_layout((PARTS * WARP_ROWS * TILE,)))
         self.dot = storage.dot.get_tensor(cute.make_layout((WARPS,)))
         self.seq = storage.seq.get_tensor(cute.make_layout((TILE,)))
         self.run_start = storage.run_start.get_tensor(cute.make_layout((TILE,)))
@@ -1044,11 +1039,17 @@ class Shared:
         self.dC = storage.dC.get_tensor(_parking(N))
 
     def for_head(self, parity):
-        """The same arrays, with delta, cs and dt_in those of a head of this parity (0 or 1)."""
+        """The same arrays, with delta, cs and slope those of a head of this parity (0 or 1)."""
         view = copy.copy(self)
         for name, both in self._per_head.items():
             setattr(view, name, cute.make_tensor(both.iterator + parity * TILE, cute.make_layout((TILE,))))
         return view
+
+
+def _parts_view(sm):
+    """The partial sums as (part, slot, row or column)."""
+    layout = cute.make_layout((PARTS, WARP_ROWS, TILE), stride=(WARP_ROWS * TILE, TILE, 1))
+    return cute.make_tensor(sm.parts.iterator, layout)
 
 
 def _per_thread(columns):

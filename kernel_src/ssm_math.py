@@ -19,6 +19,19 @@ def delta_from_dt(dt: Float32, dt_bias: Float32, dt_softplus: Int32, dt_min: Flo
 
 
 @cute.jit
+def delta_slope(v: Float32, dt_softplus: Int32, dt_min: Float32, dt_max: Float32) -> Float32:
+    """dΔ/d(dt) at v = dt + dt_bias, for Δ of :func:`delta_from_dt`: softplus' sigmoid(v) (1 on its identity branch
+    above 20, or without softplus), 0 where dt_min / dt_max clamp (as torch.clamp's gradient)."""
+    value = v
+    slope = Float32(1.0)
+    if dt_softplus != 0:
+        if v <= Float32(SOFTPLUS_IDENTITY_ABOVE):
+            value = cute.math.log1p(cute.math.exp(v))
+            slope = sigmoid(v)
+    return Float32(cutlass.select_((value >= dt_min) & (value <= dt_max), slope, Float32(0.0)))
+
+
+@cute.jit
 def accepted_rows(accepted: Int32, count: Int32, capacity: Int32) -> Int32:
     """Compact replay: how many pending rows to fold, ``num_accepted`` clamped to [0, the window count] (the count
     itself clamped to [0, capacity]). A result other than ``accepted`` is a rejected index."""
