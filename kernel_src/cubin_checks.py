@@ -1,8 +1,10 @@
-"""Build-time checks on a compiled cubin: target architecture, kernel symbol, parameter table, resources.
+"""Build-time checks on a compiled cubin: target architecture, kernel symbol, parameter table, resources, and
+warpgroup MMAs left asynchronous.
 
 Each check raises :class:`CubinCheckError` with a message that says what was expected. The parameter
 table is read from the cubin's own ``.nv.info.<kernel>`` section (EIATTR_KPARAM_INFO records), register,
-stack, local and shared memory use from ``cuobjdump -res-usage`` (the ``nvidia-cuda-cuobjdump`` package).
+stack, local and shared memory use from ``cuobjdump -res-usage``, the instructions from ``cuobjdump -sass`` (the
+``nvidia-cuda-cuobjdump`` package).
 """
 from __future__ import annotations
 
@@ -112,13 +114,21 @@ def check_params(cubin: bytes, kernel: str, expected: list[dict]) -> None:
                               f"  cubin (offset, size): {actual}\n" + "\n".join(lines))
 
 
-def resources(cubin: bytes, kernel: str, cuobjdump: str) -> Resources:
-    """Registers, stack frame, local memory and static shared memory of ``kernel``, from cuobjdump."""
+def _cuobjdump(cubin: bytes, cuobjdump: str, option: str) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(cubin)
-        report = subprocess.run([cuobjdump, "-res-usage", str(path)], check=True, capture_output=True,
-                                text=True).stdout
+        return subprocess.run([cuobjdump, option, str(path)], check=True, capture_output=True, text=True).stdout
+
+
+def sass(cubin: bytes, cuobjdump: str) -> str:
+    """The cubin's instructions, as ``cuobjdump -sass`` lists them."""
+    return _cuobjdump(cubin, cuobjdump, "-sass")
+
+
+def resources(cubin: bytes, kernel: str, cuobjdump: str) -> Resources:
+    """Registers, stack frame, local memory and static shared memory of ``kernel``, from cuobjdump."""
+    report = _cuobjdump(cubin, cuobjdump, "-res-usage")
     block = report.split(f"Function {kernel}:", 1)
     if len(block) != 2:
         raise CubinCheckError(f"cuobjdump -res-usage reports no function {kernel!r}")
@@ -133,3 +143,16 @@ def check_resources(res: Resources, arch: str, dynamic_smem: int) -> None:
     if res.static_smem + dynamic_smem > SMEM_LIMIT[arch]:
         raise CubinCheckError(f"shared memory {res.static_smem} static + {dynamic_smem} dynamic bytes exceeds "
                               f"the {SMEM_LIMIT[arch]} B limit of {arch}")
+
+
+def check_wgmma_pipelined(instructions: str) -> None:
+    """ptxas kept the warpgroup MMAs asynchronous (``instructions``: the SASS). When it cannot prove an in-flight
+    wgmma's accumulators untouched until its wait (registers written while it runs, say a fresh accumulator's zero
+    fill, or a product issued under a branch whose wait is after it), ptxas waits after every wgmma of the kernel
+    (its advisory C7515, which the DSL's in-process assembler does not show): a ``WARPGROUP.DEPBAR`` per
+    ``HGMMA``, ~7 % of ssd_bwd_chunk's time when it happened."""
+    mmas = len(re.findall(r"\bHGMMA\.", instructions))
+    waits = len(re.findall(r"\bWARPGROUP\.DEPBAR\b", instructions))
+    if mmas and waits >= mmas:
+        raise CubinCheckError(f"ptxas serialized the warpgroup MMAs ({mmas} HGMMA, {waits} WARPGROUP.DEPBAR): an "
+                              "accumulator is written or a product issued conditionally while another one runs")

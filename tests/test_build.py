@@ -69,6 +69,19 @@ def test_symbol_and_resources_checked(sm90):
         cubin_checks.check_resources(res, "sm_90a", cubin_checks.SMEM_LIMIT["sm_90a"] + 1)
 
 
+def test_serialized_warpgroup_mmas_are_refused():
+    """ptxas' fallback, a wait after every wgmma, fails the build; products waited once per group, and warp MMAs,
+    pass."""
+    group = ("HGMMA.64x32x16.F32.BF16 R24, gdesc[UR4], R24 ;\n" * 3
+             + "HGMMA.64x32x16.F32.BF16 R24, gdesc[UR8], R24, gsb0 ;\nWARPGROUP.DEPBAR.LE gsb0, 0x0 ;\n")
+    cubin_checks.check_wgmma_pipelined(group * 2)
+    cubin_checks.check_wgmma_pipelined("HMMA.16816.F32.BF16 R4, R8, R12, R4 ;\n")
+    serialized = ("WARPGROUP.ARRIVE ;\nHGMMA.64x32x16.F32.BF16 R24, gdesc[UR4], R24, gsb0 ;\n"
+                  "WARPGROUP.DEPBAR.LE gsb0, 0x0 ;\n") * 4
+    with pytest.raises(cubin_checks.CubinCheckError, match="serialized the warpgroup MMAs"):
+        cubin_checks.check_wgmma_pipelined(serialized)
+
+
 def test_variants_that_cannot_fit_an_arch_are_named_and_skipped():
     from kernel_src.families import unsupported
     big = {"headdim": 64, "d_state": 256, "io_dtype": "bf16", "state_dtype": "fp32"}
