@@ -908,34 +908,36 @@ class SsdBackwardChunk:
         d a_k), in quarters of the rows i.
         Summed pair by pair: the row and column sums of W are large and cancel here (the diagonal, and pairs joined
         by runs of Δ = 0, have decay 1), so their difference would lose everything when |Δ·A| is large."""
-        # W (fp32) over the run's states tile, rotated by row so that both passes below are free of bank conflicts
+        # W (fp32) over the run's states tile (_w_offset: rows rotated so that no pass below has bank conflicts)
         w_tile = cute.make_tensor(cute.recast_ptr(sm.states.iterator, dtype=Float32), cute.make_layout((TILE * TILE,)))
         coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, TILE))))
         stored = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
         _unpark(stored, sm.Q[tid, None])
         St = mn_view(stored)
+        pair = cute.make_rmem_tensor((2,), Float32)
         for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
             i = coords[r, 0][0]
             inside = sm.seq[i] >= 0
             first = sm.run_start[i]
-            for c in cutlass.range_constexpr(cute.size(St, mode=[1])):
-                j = coords[0, c][1]
-                claimed = inside & (j >= first) & (j < i)
-                w_tile[i * TILE + ((i + j) % TILE)] = Float32(cutlass.select_(claimed, St[r, c], Float32(0.0)))
+            for n in cutlass.range_constexpr(cute.size(St, mode=[1]) // 2):  # (a thread's columns come in pairs)
+                j = coords[0, 2 * n][1]
+                for half in cutlass.range_constexpr(2):
+                    claimed = inside & (j + half >= first) & (j + half < i)
+                    pair[half] = Float32(cutlass.select_(claimed, St[r, 2 * n + half], Float32(0.0)))
+                _w_pair(w_tile, i, j).store(pair.load())
         cute.arch.sync_threads()
         # row i: exclusive prefix sums along j, a warp's rows scanned side by side (a lane holds columns 2·lane and
         # 2·lane + 1 of each)
         warp_id = cute.arch.warp_idx()
         lane = cute.arch.lane_idx()
         warp_rows = [warp_id * (TILE // WARPS) + k for k in range(TILE // WARPS)]
-        at_even = [i * TILE + ((i + 2 * lane) % TILE) for i in warp_rows]
-        at_odd = [i * TILE + ((i + 2 * lane + 1) % TILE) for i in warp_rows]
-        evens = [w_tile[at] for at in at_even]
-        inclusive = warp_inclusive_scans([even + w_tile[at] for even, at in zip(evens, at_odd)], lane)
+        pairs = [_w_pair(w_tile, i, 2 * lane).load() for i in warp_rows]
+        inclusive = warp_inclusive_scans([p[0] + p[1] for p in pairs], lane)
         for k in cutlass.range_constexpr(TILE // WARPS):
             before = Float32(cutlass.select_(lane == 0, Float32(0.0), cute.arch.shuffle_sync_up(inclusive[k], 1)))
-            w_tile[at_even[k]] = before
-            w_tile[at_odd[k]] = before + evens[k]
+            pair[0] = before
+            pair[1] = before + pairs[k][0]
+            _w_pair(w_tile, warp_rows[k], 2 * lane).store(pair.load())
         cute.arch.sync_threads()
         # column k: the prefixes of rows i >= k, a quarter of the rows per thread (_rows adds the quarters)
         k = tid % TILE
@@ -943,7 +945,7 @@ class SsdBackwardChunk:
         total = Float32(0.0)
         for m in cutlass.range_constexpr(TILE // QUARTERS):
             i = quarter * (TILE // QUARTERS) + m
-            total = total + Float32(cutlass.select_(i >= k, w_tile[i * TILE + ((i + k) % TILE)], Float32(0.0)))
+            total = total + Float32(cutlass.select_(i >= k, w_tile[_w_offset(i, k)], Float32(0.0)))
         sm.straddle[k, quarter] = total
         cute.arch.sync_threads()  # the quarters are read in _rows
 
@@ -1044,6 +1046,18 @@ class Shared:
         for name, both in self._per_head.items():
             setattr(view, name, cute.make_tensor(both.iterator + parity * TILE, cute.make_layout((TILE,))))
         return view
+
+
+def _w_offset(i, j):
+    """Where W_ij sits in the straddling sums' fp32 tile: row i rotated by 8·(i mod 4) columns. A half-warp's
+    fragment pair stores (4 rows × 8 banks), a warp's pair loads and stores of one row, and a warp's loads of 32
+    columns of one row then each fill 32 different banks (a rotation by i cost 4-way conflicts on the stores)."""
+    return i * TILE + (j + 8 * (i % 4)) % TILE
+
+
+def _w_pair(w_tile, i, j):
+    """(W_ij, W_i,j+1), j even: one 8-byte vector of the straddling sums' tile."""
+    return cute.make_tensor(w_tile.iterator + cute.assume(_w_offset(i, j), divby=2), cute.make_layout((2,)))
 
 
 def _parts_view(sm):
