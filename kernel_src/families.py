@@ -65,15 +65,18 @@ def kernel_class(family: str):
 
 
 def unsupported(family: str, constants: dict, arch: str) -> str | None:
-    """Why a variant cannot be built for ``arch`` (its shared memory exceeds the arch's per-CTA limit), or
-    None. The build skips such variants for that arch; the runtime then reports them as not built there."""
-    from kernel_src.cubin_checks import SMEM_LIMIT
+    """Why a variant cannot be built for ``arch`` (its shared memory, with the DSL's static kilobyte the cubin check
+    counts too, exceeds the arch's per-CTA limit), or None. The build skips such variants for that arch; the
+    runtime then reports them as not built there."""
+    from kernel_src.cubin_checks import DSL_STATIC_SMEM, SMEM_LIMIT
 
     kernel = kernel_class(family)(**constants)
     kernel.target_arch = arch  # (a kernel may size its shared memory for the target: ssd_fwd's scan slots)
-    need = kernel.dynamic_smem
+    dynamic = kernel.dynamic_smem
+    need = dynamic + (DSL_STATIC_SMEM if dynamic else 0)
     if need > SMEM_LIMIT[arch]:
-        return f"needs {need} B of shared memory per CTA, {arch} allows {SMEM_LIMIT[arch]} B"
+        return (f"needs {need} B of shared memory per CTA ({dynamic} dynamic + {need - dynamic} static), {arch} allows "
+                f"{SMEM_LIMIT[arch]} B")
     return None
 
 

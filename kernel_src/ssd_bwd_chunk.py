@@ -54,7 +54,9 @@ THREADS = WARPS * 32
 PARTIAL_EXTRA = 2   # partials[..., P] = dA, partials[..., P + 1] = ddt_bias
 STATE_BATCH = 32    # state values a thread loads at once (at most)
 PARTS = 3           # partial row / column sums: of Q ⊙ M over i, of G ⊙ y0 over P, of x ⊙ U over P
-WARP_ROWS, WARP_COLUMNS = 4, 2  # the accumulators' warps: warp w holds rows of group w % 4, columns of group w // 4
+# the accumulators' warps: warp w holds the rows of group w % 4 and the columns of group w // 4 (with wgmma a half of
+# the columns, with warp MMAs alternate 8-column blocks)
+WARP_ROWS, WARP_COLUMNS = 4, 2
 QUARTERS = THREADS // TILE  # the straddling sums' column pass: each thread sums one quarter of a column's rows
 PARK_VECTOR = 4     # fp32 values of a parked accumulator moved per shared-memory access
 
@@ -257,7 +259,7 @@ class SsdBackwardChunk:
             suffix: cute.struct.Align[cute.struct.MemRange[Float32, TILE + 1], SMEM_ALIGN]
             suffix_q: cute.struct.Align[cute.struct.MemRange[Float32, TILE + 1], SMEM_ALIGN]
             # the partial sums of the warps sharing a column (Q ⊙ M: one slot per row group) or a row (G ⊙ y0, x ⊙ U:
-            # one per column group), each slot written by one warp, added in warp order
+            # one per column group), each entry written by one warp, added in warp order
             parts: cute.struct.Align[cute.struct.MemRange[Float32, PARTS * WARP_ROWS * TILE], SMEM_ALIGN]
             dot: cute.struct.Align[cute.struct.MemRange[Float32, WARPS], SMEM_ALIGN]
             seq: cute.struct.Align[cute.struct.MemRange[Int32, TILE], SMEM_ALIGN]

@@ -117,7 +117,7 @@ class SsdForward:
         warpgroup-MMA CTA (72, 36): a half-warp's accumulator pair writes (4 rows of 8 banks) fill 32 different
         banks (the row pitch is 8 banks on), and so do the output pass's 16-byte reads of a row's 8 runs (the second
         half 4 banks on); the plain pitch of 68 cost 2-way conflicts on both, 4.6 % of the forward at the 2.7B shape.
-        The warp-MMA CTA keeps (68, 32): sm_120a's N = 128 has no kilobyte to spare."""
+        The warp-MMA CTA (sm_100a, and N = 256) keeps (68, 32), unmeasured there."""
         return (72, 36) if self._warpgroup_mma() else (68, 32)
 
     def _scratch_floats(self):

@@ -22,7 +22,7 @@ class SsdForwardStates(SsdForward):
     block_states_walk = True
     change_slots = SCAN_GROUP  # a scan group's sequence-change masks
     # no outputs: no z's tiles, and of the scratch only the weighted x (76160 B of dynamic shared memory at N = 128,
-    # 101760 with ssd_fwd's layout; measured faster at 2.7B, 381 → 312 µs): three CTAs per SM fit at N = 128 (with the
+    # 102784 with ssd_fwd's layout; measured faster at 2.7B, 381 → 312 µs): three CTAs per SM fit at N = 128 (with the
     # 1024 B the driver reserves per CTA, 3 × 77184 of an SM's 233472 B) in at most 168 registers; ncu's launch
     # statistics confirm three (its limits by registers and by shared memory)
     gate_buffers = 0

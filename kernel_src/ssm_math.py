@@ -21,7 +21,8 @@ def delta_from_dt(dt: Float32, dt_bias: Float32, dt_softplus: Int32, dt_min: Flo
 @cute.jit
 def delta_slope(v: Float32, dt_softplus: Int32, dt_min: Float32, dt_max: Float32) -> Float32:
     """dΔ/d(dt) at v = dt + dt_bias, for Δ of :func:`delta_from_dt`: softplus' sigmoid(v) (1 on its identity branch
-    above 20, or without softplus), 0 where dt_min / dt_max clamp (as torch.clamp's gradient)."""
+    above 20, or without softplus), 0 where dt_min / dt_max clamp. (A gradient times it is ±0 on a clamped row, or NaN
+    if that gradient is not finite, where torch.clamp's backward gives 0.)"""
     value = v
     slope = Float32(1.0)
     if dt_softplus != 0:
