@@ -73,10 +73,10 @@ def unsupported(family: str, constants: dict, arch: str) -> str | None:
     kernel = kernel_class(family)(**constants)
     kernel.target_arch = arch  # (a kernel may size its shared memory for the target: ssd_fwd's scan slots)
     dynamic = kernel.dynamic_smem
-    need = dynamic + (DSL_STATIC_SMEM if dynamic else 0)
-    if need > SMEM_LIMIT[arch]:
-        return (f"needs {need} B of shared memory per CTA ({dynamic} dynamic + {need - dynamic} static), {arch} allows "
-                f"{SMEM_LIMIT[arch]} B")
+    static = DSL_STATIC_SMEM if dynamic else 0
+    if dynamic + static > SMEM_LIMIT[arch]:
+        return (f"needs {dynamic + static} B of shared memory per CTA ({dynamic} dynamic + {static} static), {arch} "
+                f"allows {SMEM_LIMIT[arch]} B")
     return None
 
 

@@ -716,7 +716,7 @@ class SsdBackwardChunk:
         # Q ⊙ M, and W = Q ⊙ M Δ_j in place of Q in the parked fragment (each entry belongs to at most one run)
         warp_id = cute.arch.warp_idx()
         lane = cute.arch.lane_idx()
-        parts = _parts_view(sm)
+        parts = sm.part_slots
         coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, TILE))))
         frag = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
         cb = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
@@ -813,7 +813,7 @@ class SsdBackwardChunk:
         zero = Float32(0.0)
         coords_p = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P))))
         G_rows = mn_view(mma.thr.partition_C(sm.G))
-        parts = _parts_view(sm)
+        parts = sm.part_slots
         fence_operands(mma)
         cute.arch.sync_threads()  # S, Σ V's share and every warp's row and column sums are in shared memory
         raw0 = t.dt.element_type(0.0)
@@ -1030,6 +1030,9 @@ class Shared:
         self.suffix = storage.suffix.get_tensor(cute.make_layout((TILE + 1,)))
         self.suffix_q = storage.suffix_q.get_tensor(cute.make_layout((TILE + 1,)))
         self.parts = storage.parts.get_tensor(cute.make_layout((PARTS * WARP_ROWS * TILE,)))
+        # the same as (part, slot, row or column)
+        self.part_slots = cute.make_tensor(self.parts.iterator, cute.make_layout((PARTS, WARP_ROWS, TILE),
+                                                                                 stride=(WARP_ROWS * TILE, TILE, 1)))
         self.dot = storage.dot.get_tensor(cute.make_layout((WARPS,)))
         self.seq = storage.seq.get_tensor(cute.make_layout((TILE,)))
         self.run_start = storage.run_start.get_tensor(cute.make_layout((TILE,)))
@@ -1060,12 +1063,6 @@ def _w_offset(i, j):
 def _w_pair(w_tile, i, j):
     """(W_ij, W_i,j+1), j even: one 8-byte vector of the straddling sums' tile."""
     return cute.make_tensor(w_tile.iterator + cute.assume(_w_offset(i, j), divby=2), cute.make_layout((2,)))
-
-
-def _parts_view(sm):
-    """The partial sums as (part, slot, row or column)."""
-    layout = cute.make_layout((PARTS, WARP_ROWS, TILE), stride=(WARP_ROWS * TILE, TILE, 1))
-    return cute.make_tensor(sm.parts.iterator, layout)
 
 
 def _per_thread(columns):
