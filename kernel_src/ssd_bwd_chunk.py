@@ -30,6 +30,13 @@ are split over ``head_splits`` CTAs, each writing its share of dB and dC in fp32
 ``partials`` and are summed in a fixed order by ``ssd_bwd_reduce``. The products are bf16 / fp16 MMAs with fp32
 accumulation (wgmma on sm_90a, warp MMAs elsewhere; operands rounded as the forward rounds them); everything per row
 and the sums are fp32, but for dz's factor dout ⊙ silu'(z), rounded to the I/O dtype while it waits in dz.
+
+Each head ends in two serial per-row chains, the next head's scan of Δ and this head's row pass (dΛ's suffix sums, dΔ,
+ddt), which the next head's products wait for when the product warps run them. On sm_90a a third warpgroup takes
+them: its first warp (the "row warp", 40 registers by ``setmaxnreg``) scans the next head while the products of this
+one run and starts the row pass as soon as the products' sums are in shared memory; its other warps exit, and the
+two product warpgroups get 232 registers each. Elsewhere (no ``setmaxnreg``) warp 0 scans and warp 1 runs the row
+pass between the products.
 """
 
 # (no "from __future__ import annotations": cute.struct reads its field annotations as live objects)
@@ -49,8 +56,12 @@ from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, async_tile_co
 from kernel_src.ssm_math import delta_from_dt, delta_slope, sigmoid, warp_inclusive_scans
 
 LOG2_E = math.log2(math.e)
-WARPS = 8
+WARPS = 8           # the warps of the products and tiles (a row warpgroup, when there is one, comes after them)
 THREADS = WARPS * 32
+PRODUCT_WARPS = 1   # named barriers: the product warps alone;
+ROWS_READY = 2      # the product warps arrive when a head's sums are complete, the row warp waits;
+WITH_ROW_WARP = 3   # the product warps and the row warp
+PRODUCT_REGISTERS, ROW_REGISTERS = 232, 40  # setmaxnreg: 2 x 232 + 40 per SM sub-partition (3 warps of 12)
 PARTIAL_EXTRA = 2   # partials[..., P] = dA, partials[..., P + 1] = ddt_bias
 STATE_BATCH = 32    # state values a thread loads at once (at most)
 PARTS = 3           # partial row / column sums: of Q ⊙ M over i, of G ⊙ y0 over P, of x ⊙ U over P
@@ -74,10 +85,21 @@ class SsdBackwardChunk:
         expect_constants(self, headdim=headdim, d_state=d_state, io_dtype=io_dtype, state_dtype=state_dtype)
         self.headdim, self.d_state, self.io_dtype, self.state_dtype = headdim, d_state, io_dtype, state_dtype
         self.warps = (WARP_ROWS, WARP_COLUMNS)
-        self.threads = THREADS
-        self.block = (THREADS, 1, 1)
         self.cluster = (1, 1, 1)
         self.dynamic_smem = self._shared_storage(cutlass_dtype(io_dtype)).size_in_bytes()
+
+    @property
+    def row_warp(self) -> bool:
+        assert self.target_arch is not None
+        return self.target_arch == "sm_90a"
+
+    @property
+    def threads(self):
+        return THREADS + 128 * int(self.row_warp)
+
+    @property
+    def block(self):
+        return (self.threads, 1, 1)
 
     def params(self):
         io, st = self.io_dtype, self.state_dtype
@@ -113,7 +135,7 @@ class SsdBackwardChunk:
         a = bind(self.params(), args)
         self.kernel(args).launch(grid=[a.nblocks, a.nheads // a.heads_per_group * a.head_splits, a.batch],
                                  block=list(self.block),
-                                 smem=self.dynamic_smem, stream=stream)
+                                 smem=self.dynamic_smem, stream=stream, min_blocks_per_mp=1)
 
     @cute.kernel
     def kernel(self, args: tuple):
@@ -176,14 +198,77 @@ class SsdBackwardChunk:
 
         if cute.arch.warp_idx() == 0:
             self._sequence_map(a, sm, row, block_start, rows, cute.arch.lane_idx())
+        first_head = g * a.heads_per_group + split * heads_per_split
+        if cutlass.const_expr(self.row_warp):
+            if cute.arch.warp_idx() < WARPS:
+                cute.arch.warpgroup_reg_alloc(PRODUCT_REGISTERS)
+                self._load_BC(a, t, sm, mma, g2s, row, g, blk, L, tid)
+                self._sync_all()
+                self._group(a, t, sm, mma, g2s, row, g, split, first_head, heads_per_split, blk, block_start, rows,
+                            tid, io_type)
+            else:
+                cute.arch.warpgroup_reg_dealloc(ROW_REGISTERS)
+                if cute.arch.warp_idx() == WARPS:
+                    self._sync_all()
+                    self._row_warp(a, t, sm, row, first_head, heads_per_split, blk, block_start, rows, io_type)
+        else:
+            self._load_BC(a, t, sm, mma, g2s, row, g, blk, L, tid)
+            self._sync_all()
+            self._group(a, t, sm, mma, g2s, row, g, split, first_head, heads_per_split, blk, block_start, rows, tid,
+                        io_type)
+
+    @cute.jit
+    def _load_BC(self, a, t, sm, mma, g2s, row, g, blk, L, tid):
+        """The group's B and C tiles of the block, by the product warps."""
+        N = self.d_state
         thr = g2s.get_slice(tid)
         load_tile(g2s, thr, t.B[row, None, g, None], cute.make_identity_tensor((L, N)), sm.B, (TILE, N), (blk, 0), L)
         load_tile(g2s, thr, t.C[row, None, g, None], cute.make_identity_tensor((L, N)), sm.C, (TILE, N), (blk, 0), L)
         cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(0)
         fence_operands(mma)  # (wgmma reads the tiles through the async proxy)
-        cute.arch.sync_threads()
 
+    def _sync(self):
+        """A barrier of the product warps."""
+        if self.row_warp:
+            cute.arch.barrier(barrier_id=PRODUCT_WARPS, number_of_threads=THREADS)
+        else:
+            cute.arch.sync_threads()
+
+    def _sync_all(self):
+        """A barrier of the product warps and the row warp, if any."""
+        if self.row_warp:
+            cute.arch.barrier(barrier_id=WITH_ROW_WARP, number_of_threads=THREADS + 32)
+        else:
+            cute.arch.sync_threads()
+
+    @cute.jit
+    def _row_warp(self, a, t, sm, row, first_head, heads, blk, block_start, rows, io_type: cutlass.Constexpr):
+        """The row warp's walk over the CTA's heads (the first head scanned before the products start)."""
+        lane = cute.arch.lane_idx()
+        head_dt = self._load_head_dt(a, t, sm, row, first_head, block_start, lane)
+        self._scan_head(a, sm.for_head(first_head % 2), head_dt, lane)
+        for k in range(heads):
+            self._row_head(a, t, sm, row, first_head + k, k + 1 < heads, blk, block_start, rows, lane, io_type)
+
+    @cute.jit
+    def _row_head(self, a, t, sm, row, h, has_next, blk, block_start, rows, lane, io_type: cutlass.Constexpr):
+        """The row warp during head h: the next head's dt (loaded before h's prologue, scanned after it, while the
+        products of h run), then h's row pass once the products' sums are in shared memory (ROWS_READY)."""
+        following = sm.for_head((h + 1) % 2)
+        head_dt = (t.dt.element_type(0.0), t.dt.element_type(0.0), Float32(0.0), Float32(0.0))
+        if has_next:
+            head_dt = self._load_head_dt(a, t, sm, row, h + 1, block_start, lane)
+        self._sync_all()  # head h's prologue
+        if has_next:
+            self._scan_head(a, following, head_dt, lane)
+        cute.arch.barrier(barrier_id=ROWS_READY, number_of_threads=THREADS + 32)
+        self._rows(a, t, sm.for_head(h % 2), sm.part_slots, row, h, blk, block_start, rows, lane, io_type)
+
+    @cute.jit
+    def _group(self, a, t, sm, mma, g2s, row, g, split, first_head, heads_per_split, blk, block_start, rows, tid,
+               io_type: cutlass.Constexpr):
+        N = self.d_state
         # dB and dC of the group, and the sum of the heads' V: fp32 accumulators parked in shared memory
         acc = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, N)), Float32)
         acc.fill(0.0)
@@ -192,8 +277,10 @@ class SsdBackwardChunk:
         v_sum = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
         v_sum.fill(0.0)
         _park(v_sum, sm.V_sum[tid, None])
-        first_head = g * a.heads_per_group + split * heads_per_split
-        head_dt = self._load_head_dt(a, t, sm, row, first_head, block_start, cute.arch.lane_idx())
+        if cutlass.const_expr(self.row_warp):
+            head_dt = (t.dt.element_type(0.0), t.dt.element_type(0.0), Float32(0.0), Float32(0.0))
+        else:
+            head_dt = self._load_head_dt(a, t, sm, row, first_head, block_start, cute.arch.lane_idx())
         # the block's first sequence run, the same for every head, and whether its states land from the workspace
         first, first_end = self._first_run(sm)
         first_run = (first, first_end, self._states_from_workspace(sm, first, first_end, rows))
@@ -207,7 +294,7 @@ class SsdBackwardChunk:
         _unpark(v_sum, sm.V_sum[tid, None])
         store_pairs(mn_view(v_sum), mn_view(mma.thr.partition_C(sm.S)), io_type)
         fence_operands(mma)
-        cute.arch.sync_threads()
+        self._sync()
         # dB and dC, or with the group's heads split over CTAs this split's fp32 share (ssd_bwd_reduce adds them)
         coords = mma.thr.partition_C(cute.make_identity_tensor((TILE, N)))
         shares = t.group_grads
@@ -250,8 +337,8 @@ class SsdBackwardChunk:
             straddle: cute.struct.Align[cute.struct.MemRange[Float32, QUARTERS * TILE], SMEM_ALIGN]
             dD_slices: cute.struct.Align[cute.struct.MemRange[Float32, THREADS], SMEM_ALIGN]
             D: cute.struct.Align[cute.struct.MemRange[Float32, P], SMEM_ALIGN]
-            # Δ, its cumsum and dΔ/d(dt) per row, one set per head parity: warp 0 scans the next head while
-            # warp 1 still reads this head's in its row pass
+            # Δ, its cumsum and dΔ/d(dt) per row, one set per head parity: the next head's scan writes its set
+            # while this head's row pass still reads the other
             delta: cute.struct.Align[cute.struct.MemRange[Float32, 2 * TILE], SMEM_ALIGN]
             cs: cute.struct.Align[cute.struct.MemRange[Float32, 2 * TILE], SMEM_ALIGN]
             slope: cute.struct.Align[cute.struct.MemRange[Float32, 2 * TILE], SMEM_ALIGN]
@@ -379,9 +466,9 @@ class SsdBackwardChunk:
     @cute.jit
     def _head(self, a, t, sm, mma, g2s, row, h, has_next, head_dt, blk, block_start, rows, first_run, tid,
               io_type: cutlass.Constexpr):
-        """Head h's gradients of the block, from warp 0's ``head_dt`` (:meth:`_load_head_dt`) and the block's
-        ``first_run`` (start, end, whether its states land from the workspace); returns the next head's dt, which
-        warp 0 loads during this head's last steps."""
+        """Head h's gradients of the block, from warp 0's ``head_dt`` (:meth:`_load_head_dt`; unused with a row
+        warp) and the block's ``first_run`` (start, end, whether its states land from the workspace); returns the
+        next head's dt, which warp 0 loads during this head's last steps."""
         sm = sm.for_head(h % 2)
         P = self.headdim
         L = a.seqlen
@@ -402,8 +489,9 @@ class SsdBackwardChunk:
                 self._prefetch_rows(a, t, row, h + 1, block_start, rows, tid)
                 if tid == 2 * 32:
                     self._prefetch_states(t, row, h + 1, blk)
-        if warp_id == 0:
-            self._scan_head(a, sm, head_dt, lane)
+        if cutlass.const_expr(not self.row_warp):
+            if warp_id == 0:
+                self._scan_head(a, sm, head_dt, lane)
         # the first run's states: landed by _land_states when they are the workspace's, else loaded while the tiles
         # are in flight (later runs load theirs in turn)
         starts_lo = sm.masks[0]
@@ -424,10 +512,10 @@ class SsdBackwardChunk:
         _zero(sm.S, tid)  # entries outside every run stay zero
         cute.arch.cp_async_wait_group(0)
         fence_operands(mma)
-        cute.arch.sync_threads()
+        self._sync_all()
         if landed != 0:
             self._states_dot(sm, tid)
-        # (zeroed only now: warp 1 reads the last head's sums in _rows until it reaches the barrier above)
+        # (zeroed only now: the row pass reads the last head's sums until it reaches the barrier above)
         if tid < TILE:
             s_last[tid] = Float32(0.0)
         for k in cutlass.range_constexpr(PARTS * WARP_ROWS * TILE // THREADS):
@@ -436,7 +524,7 @@ class SsdBackwardChunk:
         if a.has_z != 0:
             self._gate(t, sm, sZ, row, h, block_start, rows, tid, io_type)
             fence_operands(mma)
-            cute.arch.sync_threads()
+            self._sync()
 
         _accumulate(mma, sm.Q[tid, None], sm.G, sm.x, P // 16, fresh=True)   # Q = G·xᵀ
         self._dD_slices(sm, tid)
@@ -448,7 +536,7 @@ class SsdBackwardChunk:
         while s0 < TILE:
             s1 = cute.math.min(next_change(starts_lo, starts_hi, s0), next_change(outside_lo, outside_hi, s0))
             if s0 != first:
-                cute.arch.sync_threads()  # every warp done with the last run's states and scaled rows
+                self._sync()
                 self._load_states(a, t, sm, row, h, blk, s0, s1, rows, tid, io_type)
             self._run(a, t, sm, mma, acc_dx, acc_y, row, h, blk, s0, s1, rows, tid, io_type)
             s0 = next_change(starts_lo, starts_hi, s1 - 1)
@@ -487,7 +575,8 @@ class SsdBackwardChunk:
     @cute.jit
     def _load_head_dt(self, a, t, sm, row, h, block_start, lane):
         """Head h's raw dt of the block's rows lane and lane + 32 inside a sequence (zero elsewhere), its dt_bias and
-        A, for warp 0 (every warp loads the first head's; warp 0 alone the later ones). dt stays in the I/O dtype
+        A, for the warp that scans (without a row warp every warp loads the first head's; warp 0 alone the later
+        ones). dt stays in the I/O dtype
         until _scan_head converts it: a conversion here would wait for the load."""
         raw0 = t.dt.element_type(0.0)
         raw1 = t.dt.element_type(0.0)
@@ -502,8 +591,8 @@ class SsdBackwardChunk:
 
     @cute.jit
     def _scan_head(self, a, sm, head_dt, lane):
-        """Warp 0: Δ (zero outside every sequence), its cumsum of Δ·A·log2(e) and dΔ/d(dt) of the block's rows (the
-        slope here, off warp 1's row pass, whose serial chain the next head's prologue waited for)."""
+        """Warp 0 or the row warp: Δ (zero outside every sequence), its cumsum of Δ·A·log2(e) and dΔ/d(dt) of the
+        block's rows (the slope here, off the row pass's serial chain)."""
         raw0, raw1, bias, A = head_dt
         d0 = Float32(0.0)
         d1 = Float32(0.0)
@@ -704,7 +793,7 @@ class SsdBackwardChunk:
             s_run_end[s] = s1
             s_run_start[s] = s0
         fence_operands(mma)
-        cute.arch.sync_threads()  # h₀, dh_end, the scaled rows and the per-warp dots are in shared memory
+        self._sync()
 
         if tid == 0:
             total = Float32(0.0)
@@ -806,7 +895,8 @@ class SsdBackwardChunk:
     @cute.jit
     def _finish(self, a, t, sm, mma, g2s, acc_dx, acc_y, row, h, has_next, head_dt, blk, block_start, rows, landed,
                 tid, io_type: cutlass.Constexpr):
-        """The head's products with S, dx, dz, ddt and the partial sums; returns the next head's dt (warp 0)."""
+        """The head's products with S, dx, dz, ddt and the partial sums; returns the next head's dt (warp 0, without
+        a row warp)."""
         P = self.headdim
         warp_id = cute.arch.warp_idx()
         lane = cute.arch.lane_idx()
@@ -815,14 +905,15 @@ class SsdBackwardChunk:
         G_rows = mn_view(mma.thr.partition_C(sm.G))
         parts = sm.part_slots
         fence_operands(mma)
-        cute.arch.sync_threads()  # S, Σ V's share and every warp's row and column sums are in shared memory
+        self._sync()
         raw0 = t.dt.element_type(0.0)
         raw1 = t.dt.element_type(0.0)
         bias = Float32(0.0)
         A_next = Float32(0.0)
-        if warp_id == 0:
-            if has_next:
-                raw0, raw1, bias, A_next = self._load_head_dt(a, t, sm, row, h + 1, block_start, lane)
+        if cutlass.const_expr(not self.row_warp):
+            if warp_id == 0:
+                if has_next:
+                    raw0, raw1, bias, A_next = self._load_head_dt(a, t, sm, row, h + 1, block_start, lane)
         self._straddling_sums(sm, mma, tid)
         if has_next:  # (the states tile is free again: the next head's states land during this head's last steps)
             self._land_states(t, sm, g2s, row, h + 1, blk, landed, tid)
@@ -849,12 +940,12 @@ class SsdBackwardChunk:
         if a.has_z != 0:
             self._dz(t, sm, mma, acc_y, row, h, blk, rows)
 
-        # every warp done with the head's tiles: the others start the next head while warp 1 finishes this one
-        cute.arch.sync_threads()
+        self._sync()
         if s < rows:
             copy_row(sm.dx, dx_out[row, block_start + s, h, None], s, part, per_row)
-        if warp_id == 1:
-            self._rows(a, t, sm, parts, row, h, blk, block_start, rows, lane, io_type)
+        if cutlass.const_expr(not self.row_warp):
+            if warp_id == 1:
+                self._rows(a, t, sm, parts, row, h, blk, block_start, rows, lane, io_type)
         if tid >= THREADS - P:  # dD's column sums: the slices in order
             p = tid - (THREADS - P)
             total = Float32(0.0)
@@ -927,7 +1018,7 @@ class SsdBackwardChunk:
                     claimed = inside & (j + half >= first) & (j + half < i)
                     pair[half] = Float32(cutlass.select_(claimed, St[r, 2 * n + half], Float32(0.0)))
                 _w_pair(w_tile, i, j).store(pair.load())
-        cute.arch.sync_threads()
+        self._sync()
         # row i: exclusive prefix sums along j, a warp's rows scanned side by side (a lane holds columns 2·lane and
         # 2·lane + 1 of each)
         warp_id = cute.arch.warp_idx()
@@ -940,7 +1031,7 @@ class SsdBackwardChunk:
             pair[0] = before
             pair[1] = before + pairs[k][0]
             _w_pair(w_tile, warp_rows[k], 2 * lane).store(pair.load())
-        cute.arch.sync_threads()
+        self._sync()
         # column k: the prefixes of rows i >= k, a quarter of the rows per thread (_rows adds the quarters)
         k = tid % TILE
         quarter = tid // TILE
@@ -949,11 +1040,13 @@ class SsdBackwardChunk:
             i = quarter * (TILE // QUARTERS) + m
             total = total + Float32(cutlass.select_(i >= k, w_tile[_w_offset(i, k)], Float32(0.0)))
         sm.straddle[k, quarter] = total
-        cute.arch.sync_threads()  # the quarters are read in _rows
+        self._sync()
+        if cutlass.const_expr(self.row_warp):
+            cute.arch.barrier_arrive(barrier_id=ROWS_READY, number_of_threads=THREADS + 32)
 
     @cute.jit
     def _rows(self, a, t, sm, parts, row, h, blk, block_start, rows, lane, io_type: cutlass.Constexpr):
-        """Warp 1: dΛ per row, its suffix sums within each run (da), dΔ, ddt, and the dA / ddt_bias partials."""
+        """Warp 1 or the row warp: dΛ per row, its suffix sums within each run (da), dΔ, ddt, and the dA / ddt_bias partials."""
         P = self.headdim
         zero = Float32(0.0)
         A = view(a.A, (a.nheads,), a.stride_A_head)[h]
