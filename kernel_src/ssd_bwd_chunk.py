@@ -33,10 +33,11 @@ and the sums are fp32, but for dz's factor dout ⊙ silu'(z), rounded to the I/O
 
 Each head ends in two serial per-row chains, the next head's scan of Δ and this head's row pass (dΛ's suffix sums, dΔ,
 ddt), which the next head's products wait for when the product warps run them. On sm_90a a third warpgroup takes
-them: its first warp (the "row warp", 40 registers by ``setmaxnreg``) scans the next head while the products of this
-one run and starts the row pass as soon as the products' sums are in shared memory; its other warps exit, and the
-two product warpgroups get 232 registers each. Elsewhere (no ``setmaxnreg``) warp 0 scans and warp 1 runs the row
-pass between the products.
+them and the head's sums that feed no product: its first warp (the "row warp") scans the next head while the
+products of this one run and starts the row pass as soon as the products' sums are in shared memory; of the other
+three ("side warps"), one sums dD and two the landed states' dot product ⟨dh_end, h₀⟩ (for the row pass). The third
+warpgroup runs on 40 registers and the two product warpgroups get 232 each (``setmaxnreg``). Elsewhere (no
+``setmaxnreg``) the product warps do all of it, warp 0 scanning and warp 1 running the row pass between the products.
 """
 
 # (no "from __future__ import annotations": cute.struct reads its field annotations as live objects)
@@ -52,16 +53,25 @@ from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_input_strides
 from kernel_src.families import expect_constants
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, async_tile_copy, block_cumsum, copy_row,
                                   count_changes, fence_operands, first_set_bit, load_tile, make_mma, mn_view,
-                                  next_change, scale_rows, smem_layout, store_pairs, transposed, vec, vector, view)
+                                  next_change, role_arrive, role_sync, scale_rows, smem_layout, store_pairs,
+                                  transposed, vec, vector, view)
 from kernel_src.ssm_math import delta_from_dt, delta_slope, sigmoid, warp_inclusive_scans
 
 LOG2_E = math.log2(math.e)
-WARPS = 8           # the warps of the products and tiles (a row warpgroup, when there is one, comes after them)
+WARPS = 8           # the warps of the products and tiles (the third warpgroup, when there is one, comes after them)
 THREADS = WARPS * 32
-PRODUCT_WARPS = 1   # named barriers: the product warps alone;
-ROWS_READY = 2      # the product warps arrive when a head's sums are complete, the row warp waits;
-WITH_ROW_WARP = 3   # the product warps and the row warp
-PRODUCT_REGISTERS, ROW_REGISTERS = 232, 40  # setmaxnreg: 2 x 232 + 40 per SM sub-partition (3 warps of 12)
+# the third warpgroup (sm_90a): the row warp, then the side warps: one sums dD, two take the landed states' dot product
+ROW_WARP = WARPS
+DD_WARP = WARPS + 1
+DOT_WARPS = 2
+SIDE_THREADS = (1 + DOT_WARPS) * 32
+PRODUCT_REGISTERS, SIDE_REGISTERS = 232, 40  # setmaxnreg: 2 x 232 + 40 per SM sub-partition (3 warps of 12)
+# named barriers
+PRODUCT_WARPS = 1   # the product warps alone
+ROWS_READY = 2      # the product warps arrive when a head's sums are complete, the row warp waits
+PROLOGUE = 3        # every warp: the sequence map, then each head's tiles, are in shared memory
+GATED = 4           # the product warps arrive when G is final (with z), the dD warp waits
+SIDE_DONE = 5       # the side warps arrive when done with a head's tiles, the product warps wait before reusing them
 PARTIAL_EXTRA = 2   # partials[..., P] = dA, partials[..., P + 1] = ddt_bias
 STATE_BATCH = 32    # state values a thread loads at once (at most)
 PARTS = 3           # partial row / column sums: of Q ⊙ M over i, of G ⊙ y0 over P, of x ⊙ U over P
@@ -89,13 +99,15 @@ class SsdBackwardChunk:
         self.dynamic_smem = self._shared_storage(cutlass_dtype(io_dtype)).size_in_bytes()
 
     @property
-    def row_warp(self) -> bool:
+    def warp_specialized(self) -> bool:
+        """A third warpgroup (the row warp and the side warps) beside the product warps: sm_90a, where setmaxnreg
+        lets the product warps keep their registers."""
         assert self.target_arch is not None
         return self.target_arch == "sm_90a"
 
     @property
     def threads(self):
-        return THREADS + 128 * int(self.row_warp)
+        return THREADS + 128 * int(self.warp_specialized)
 
     @property
     def block(self):
@@ -199,7 +211,7 @@ class SsdBackwardChunk:
         if cute.arch.warp_idx() == 0:
             self._sequence_map(a, sm, row, block_start, rows, cute.arch.lane_idx())
         first_head = g * a.heads_per_group + split * heads_per_split
-        if cutlass.const_expr(self.row_warp):
+        if cutlass.const_expr(self.warp_specialized):
             if cute.arch.warp_idx() < WARPS:
                 cute.arch.warpgroup_reg_alloc(PRODUCT_REGISTERS)
                 self._load_BC(a, t, sm, mma, g2s, row, g, blk, L, tid)
@@ -207,10 +219,12 @@ class SsdBackwardChunk:
                 self._group(a, t, sm, mma, g2s, row, g, split, first_head, heads_per_split, blk, block_start, rows,
                             tid, io_type)
             else:
-                cute.arch.warpgroup_reg_dealloc(ROW_REGISTERS)
-                if cute.arch.warp_idx() == WARPS:
-                    self._sync_all()
+                cute.arch.warpgroup_reg_dealloc(SIDE_REGISTERS)
+                self._sync_all()
+                if cute.arch.warp_idx() == ROW_WARP:
                     self._row_warp(a, t, sm, row, first_head, heads_per_split, blk, block_start, rows, io_type)
+                else:
+                    self._side_warp(a, t, sm, row, first_head, heads_per_split, blk, rows)
         else:
             self._load_BC(a, t, sm, mma, g2s, row, g, blk, L, tid)
             self._sync_all()
@@ -230,15 +244,15 @@ class SsdBackwardChunk:
 
     def _sync(self):
         """A barrier of the product warps."""
-        if self.row_warp:
+        if self.warp_specialized:
             cute.arch.barrier(barrier_id=PRODUCT_WARPS, number_of_threads=THREADS)
         else:
             cute.arch.sync_threads()
 
     def _sync_all(self):
-        """A barrier of the product warps and the row warp, if any."""
-        if self.row_warp:
-            cute.arch.barrier(barrier_id=WITH_ROW_WARP, number_of_threads=THREADS + 32)
+        """A barrier of every warp."""
+        if self.warp_specialized:
+            role_sync(PROLOGUE, self.threads)
         else:
             cute.arch.sync_threads()
 
@@ -246,13 +260,46 @@ class SsdBackwardChunk:
     def _row_warp(self, a, t, sm, row, first_head, heads, blk, block_start, rows, io_type: cutlass.Constexpr):
         """The row warp's walk over the CTA's heads (the first head scanned before the products start)."""
         lane = cute.arch.lane_idx()
+        first, first_end = self._first_run(sm)
+        landed_end = first_end * self._states_from_workspace(sm, first, first_end, rows)
         head_dt = self._load_head_dt(a, t, sm, row, first_head, block_start, lane)
         self._scan_head(a, sm.for_head(first_head % 2), head_dt, lane)
         for k in range(heads):
-            self._row_head(a, t, sm, row, first_head + k, k + 1 < heads, blk, block_start, rows, lane, io_type)
+            self._row_head(a, t, sm, row, first_head + k, k + 1 < heads, blk, block_start, rows, landed_end, lane,
+                           io_type)
 
     @cute.jit
-    def _row_head(self, a, t, sm, row, h, has_next, blk, block_start, rows, lane, io_type: cutlass.Constexpr):
+    def _side_warp(self, a, t, sm, row, first_head, heads, blk, rows):
+        """The side warps' walk over the CTA's heads: dD's partial sums (the dD warp) and, when the first run's
+        states land from the workspace, their dot product ⟨dh_end, h₀⟩ (the dot warps, for the row pass), off the
+        product warps' path."""
+        first, first_end = self._first_run(sm)
+        landed = self._states_from_workspace(sm, first, first_end, rows)
+        lane = cute.arch.lane_idx()
+        warp = cute.arch.warp_idx()
+        for k in range(heads):
+            self._sync_all()  # the head's prologue
+            if warp == DD_WARP:
+                if a.has_z != 0:
+                    role_sync(GATED, THREADS + 32)
+                self._dD_partials(t, sm, row, blk, first_head + k, lane)
+            else:
+                if landed != 0:
+                    self._states_dot(sm, (warp - DD_WARP - 1) * 32 + lane, DOT_WARPS * 32, sm.landed_dot)
+            role_arrive(SIDE_DONE, THREADS + SIDE_THREADS)
+
+    @cute.jit
+    def _dD_partials(self, t, sm, row, blk, h, lane):
+        """The dD warp: head h's dD partial sums of the block, Σ_i G_ip x_ip, into partials."""
+        sums = self._dD_columns(sm, lane, 32)
+        partials = t.partials
+        if lane < self.headdim // CHUNK:
+            for e in cutlass.range_constexpr(CHUNK):
+                partials[row, blk, h, lane * CHUNK + e] = sums[e]
+
+    @cute.jit
+    def _row_head(self, a, t, sm, row, h, has_next, blk, block_start, rows, landed_end, lane,
+                  io_type: cutlass.Constexpr):
         """The row warp during head h: the next head's dt (loaded before h's prologue, scanned after it, while the
         products of h run), then h's row pass once the products' sums are in shared memory (ROWS_READY)."""
         following = sm.for_head((h + 1) % 2)
@@ -262,8 +309,9 @@ class SsdBackwardChunk:
         self._sync_all()  # head h's prologue
         if has_next:
             self._scan_head(a, following, head_dt, lane)
-        cute.arch.barrier(barrier_id=ROWS_READY, number_of_threads=THREADS + 32)
-        self._rows(a, t, sm.for_head(h % 2), sm.part_slots, row, h, blk, block_start, rows, lane, io_type)
+        role_sync(ROWS_READY, THREADS + 32)
+        self._rows(a, t, sm.for_head(h % 2), sm.part_slots, row, h, blk, block_start, rows, landed_end, lane,
+                   io_type)
 
     @cute.jit
     def _group(self, a, t, sm, mma, g2s, row, g, split, first_head, heads_per_split, blk, block_start, rows, tid,
@@ -277,7 +325,7 @@ class SsdBackwardChunk:
         v_sum = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
         v_sum.fill(0.0)
         _park(v_sum, sm.V_sum[tid, None])
-        if cutlass.const_expr(self.row_warp):
+        if cutlass.const_expr(self.warp_specialized):
             head_dt = (t.dt.element_type(0.0), t.dt.element_type(0.0), Float32(0.0), Float32(0.0))
         else:
             head_dt = self._load_head_dt(a, t, sm, row, first_head, block_start, cute.arch.lane_idx())
@@ -335,7 +383,7 @@ class SsdBackwardChunk:
             # h₀ and dh_end of a run, then (fp32) W for the straddling sums
             states: cute.struct.Align[cute.struct.MemRange[io_type, 2 * P * N], SMEM_ALIGN]
             straddle: cute.struct.Align[cute.struct.MemRange[Float32, QUARTERS * TILE], SMEM_ALIGN]
-            dD_slices: cute.struct.Align[cute.struct.MemRange[Float32, THREADS], SMEM_ALIGN]
+            dD_slices: cute.struct.Align[cute.struct.MemRange[Float32, WARPS * P], SMEM_ALIGN]  # without side warps
             D: cute.struct.Align[cute.struct.MemRange[Float32, P], SMEM_ALIGN]
             # Δ, its cumsum and dΔ/d(dt) per row, one set per head parity: the next head's scan writes its set
             # while this head's row pass still reads the other
@@ -349,6 +397,7 @@ class SsdBackwardChunk:
             # one per column group), each entry written by one warp, added in warp order
             parts: cute.struct.Align[cute.struct.MemRange[Float32, PARTS * WARP_ROWS * TILE], SMEM_ALIGN]
             dot: cute.struct.Align[cute.struct.MemRange[Float32, WARPS], SMEM_ALIGN]
+            landed_dot: cute.struct.Align[cute.struct.MemRange[Float32, DOT_WARPS], SMEM_ALIGN]  # the dot warps'
             seq: cute.struct.Align[cute.struct.MemRange[Int32, TILE], SMEM_ALIGN]
             run_start: cute.struct.Align[cute.struct.MemRange[Int32, TILE], SMEM_ALIGN]
             run_end: cute.struct.Align[cute.struct.MemRange[Int32, TILE], SMEM_ALIGN]
@@ -489,7 +538,7 @@ class SsdBackwardChunk:
                 self._prefetch_rows(a, t, row, h + 1, block_start, rows, tid)
                 if tid == 2 * 32:
                     self._prefetch_states(t, row, h + 1, blk)
-        if cutlass.const_expr(not self.row_warp):
+        if cutlass.const_expr(not self.warp_specialized):
             if warp_id == 0:
                 self._scan_head(a, sm, head_dt, lane)
         # the first run's states: landed by _land_states when they are the workspace's, else loaded while the tiles
@@ -513,8 +562,9 @@ class SsdBackwardChunk:
         cute.arch.cp_async_wait_group(0)
         fence_operands(mma)
         self._sync_all()
-        if landed != 0:
-            self._states_dot(sm, tid)
+        if cutlass.const_expr(not self.warp_specialized):  # (else the dot warps take it)
+            if landed != 0:
+                self._states_dot(sm, tid, THREADS, sm.dot)
         # (zeroed only now: the row pass reads the last head's sums until it reaches the barrier above)
         if tid < TILE:
             s_last[tid] = Float32(0.0)
@@ -525,9 +575,14 @@ class SsdBackwardChunk:
             self._gate(t, sm, sZ, row, h, block_start, rows, tid, io_type)
             fence_operands(mma)
             self._sync()
+            if cutlass.const_expr(self.warp_specialized):
+                role_arrive(GATED, THREADS + 32)
 
         _accumulate(mma, sm.Q[tid, None], sm.G, sm.x, P // 16, fresh=True)   # Q = G·xᵀ
-        self._dD_slices(sm, tid)
+        if cutlass.const_expr(not self.warp_specialized):  # (else the dD warp sums it)
+            sums = self._dD_columns(sm, tid, THREADS)
+            if lane < P // CHUNK:
+                vector(sm.dD_slices[warp_id, None], lane).store(sums.load())
         acc_dx = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P)), Float32)
         acc_dx.fill(0.0)
         acc_y = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P)), Float32)  # y, for dz (with z)
@@ -538,7 +593,10 @@ class SsdBackwardChunk:
             if s0 != first:
                 self._sync()
                 self._load_states(a, t, sm, row, h, blk, s0, s1, rows, tid, io_type)
-            self._run(a, t, sm, mma, acc_dx, acc_y, row, h, blk, s0, s1, rows, tid, io_type)
+            landed_run = Int32(0)
+            if (landed != 0) & (s0 == first):
+                landed_run = Int32(1)
+            self._run(a, t, sm, mma, acc_dx, acc_y, row, h, blk, s0, s1, rows, landed_run, tid, io_type)
             s0 = next_change(starts_lo, starts_hi, s1 - 1)
 
         return self._finish(a, t, sm, mma, g2s, acc_dx, acc_y, row, h, has_next, head_dt, blk, block_start, rows,
@@ -674,26 +732,26 @@ class SsdBackwardChunk:
             load_tile(g2s, thr, t.dstates[row, blk, h, None, None], whole, sm.dh, (P, N), (0, 0), P)
         cute.arch.cp_async_commit_group()
 
-    def _state_vector(self, tid, k: int):
-        """(row of P, 8-column chunk of N) of a thread's k-th vector of a P × N state."""
+    def _state_vector(self, q, k: int, threads: int = THREADS):
+        """(row of P, 8-column chunk of N) of the k-th vector of a P × N state that thread q of ``threads`` takes."""
         N = self.d_state
-        return k * (THREADS * CHUNK // N) + tid // (N // CHUNK), tid % (N // CHUNK)
+        return k * (threads * CHUNK // N) + q // (N // CHUNK), q % (N // CHUNK)
 
     @cute.jit
-    def _states_dot(self, sm, tid):
-        """Each warp's share of ⟨dh_end, h₀⟩ (fp32) from the landed states tiles, as :meth:`_load_states` sums it."""
+    def _states_dot(self, sm, q, threads: int, dst):
+        """⟨dh_end, h₀⟩ (fp32) from the landed states tiles by ``threads`` threads (q: this one's index among them),
+        as :meth:`_load_states` sums it: dst[q // 32] = the share of q's warp."""
         P, N = self.headdim, self.d_state
-        s_dot = sm.dot
         dot = Float32(0.0)
-        for k in cutlass.range_constexpr(P * N // (THREADS * CHUNK)):
-            p, chunk = self._state_vector(tid, k)
+        for k in cutlass.range(P * N // (threads * CHUNK), unroll=2):
+            p, chunk = self._state_vector(q, k, threads)
             h0v = vector(sm.h0[p, None], chunk).load().to(Float32)
             dhv = vector(sm.dh[p, None], chunk).load().to(Float32)
             for e in cutlass.range_constexpr(CHUNK):
                 dot = dot + h0v[e] * dhv[e]
         dot = _warp_sum(dot)
         if cute.arch.lane_idx() == 0:
-            s_dot[cute.arch.warp_idx()] = dot
+            dst[q // 32] = dot
 
     @cute.jit
     def _load_states(self, a, t, sm, row, h, blk, s0, s1, rows, tid, io_type: cutlass.Constexpr):
@@ -765,11 +823,12 @@ class SsdBackwardChunk:
             s_dot[cute.arch.warp_idx()] = dot
 
     @cute.jit
-    def _run(self, a, t, sm, mma, acc_dx, acc_y, row, h, blk, s0, s1, rows, tid,
+    def _run(self, a, t, sm, mma, acc_dx, acc_y, row, h, blk, s0, s1, rows, landed_run, tid,
              io_type: cutlass.Constexpr):
         """One sequence run [s0, s1) of the block, its states in shared memory: its entries of S and W (into shared
         memory) with their row and column sums, and the products with the states entering (h₀) and leaving
-        (dh_end) it."""
+        (dh_end) it. ``landed_run``: its states landed from the workspace (with side warps, the dot warps then take
+        their dot product and the row pass its term)."""
         P, N = self.headdim, self.d_state
         zero = Float32(0.0)
         base = zero
@@ -795,7 +854,10 @@ class SsdBackwardChunk:
         fence_operands(mma)
         self._sync()
 
-        if tid == 0:
+        writes_last = tid == 0
+        if cutlass.const_expr(self.warp_specialized):
+            writes_last = writes_last & (landed_run == 0)
+        if writes_last:
             total = Float32(0.0)
             for wi in cutlass.range_constexpr(WARPS):
                 total = total + sm.dot[wi]
@@ -910,7 +972,7 @@ class SsdBackwardChunk:
         raw1 = t.dt.element_type(0.0)
         bias = Float32(0.0)
         A_next = Float32(0.0)
-        if cutlass.const_expr(not self.row_warp):
+        if cutlass.const_expr(not self.warp_specialized):
             if warp_id == 0:
                 if has_next:
                     raw0, raw1, bias, A_next = self._load_head_dt(a, t, sm, row, h + 1, block_start, lane)
@@ -943,15 +1005,15 @@ class SsdBackwardChunk:
         self._sync()
         if s < rows:
             copy_row(sm.dx, dx_out[row, block_start + s, h, None], s, part, per_row)
-        if cutlass.const_expr(not self.row_warp):
+        if cutlass.const_expr(not self.warp_specialized):
             if warp_id == 1:
-                self._rows(a, t, sm, parts, row, h, blk, block_start, rows, lane, io_type)
-        if tid >= THREADS - P:  # dD's column sums: the slices in order
-            p = tid - (THREADS - P)
-            total = Float32(0.0)
-            for k in cutlass.range_constexpr(THREADS // P):
-                total = total + sm.dD_slices[k * P + p]
-            partials[row, blk, h, p] = total
+                self._rows(a, t, sm, parts, row, h, blk, block_start, rows, Int32(0), lane, io_type)
+            if tid >= THREADS - P:  # dD: the warps' column sums in warp order
+                p = tid - (THREADS - P)
+                total = Float32(0.0)
+                for w in cutlass.range_constexpr(WARPS):
+                    total = total + sm.dD_slices[w, p]
+                partials[row, blk, h, p] = total
         return raw0, raw1, bias, A_next
 
     @cute.jit
@@ -981,19 +1043,28 @@ class SsdBackwardChunk:
                     dz_rows[r, (None, n)].store(dz_pair.load())
 
     @cute.jit
-    def _dD_slices(self, sm, tid):
-        """dD_slices[k·P + p] = Σ G_ip x_ip over the k-th slice of the block's rows inside a sequence (a thread per
-        column and slice; summed in a fixed order in _finish)."""
+    def _dD_columns(self, sm, q, threads: int):
+        """Σ_i G_ip x_ip over the block's rows inside a sequence, by ``threads`` threads (q: this one's index among
+        them): each takes one 16-byte column chunk of every (threads / chunks)-th row and the warp adds its rows by
+        shuffles; returns, in lane c < P / 8 of each warp, the warp's sums of chunk c's 8 columns."""
         P = self.headdim
-        per_slice = TILE // (THREADS // P)
-        p = tid % P
-        first = (tid // P) * per_slice
-        total = Float32(0.0)
-        for k in cutlass.range_constexpr(per_slice):
-            i = first + k
-            term = sm.G[i, p].to(Float32) * sm.x[i, p].to(Float32)
-            total = total + Float32(cutlass.select_(sm.seq[i] >= 0, term, Float32(0.0)))
-        sm.dD_slices[tid] = total
+        chunks = P // CHUNK
+        groups = threads // chunks
+        chunk = q % chunks
+        group = q // chunks
+        sums = cute.make_rmem_tensor((CHUNK,), Float32)
+        sums.fill(0.0)
+        for m in cutlass.range(TILE // groups, unroll=2):
+            i = m * groups + group
+            gv = vector(sm.G[i, None], chunk).load().to(Float32)
+            xv = vector(sm.x[i, None], chunk).load().to(Float32)
+            inside = sm.seq[i] >= 0
+            for e in cutlass.range_constexpr(CHUNK):
+                sums[e] = sums[e] + Float32(cutlass.select_(inside, gv[e] * xv[e], Float32(0.0)))
+        for level in cutlass.range_constexpr((32 // chunks).bit_length() - 1):  # the warp's lanes of this chunk
+            for e in cutlass.range_constexpr(CHUNK):
+                sums[e] = sums[e] + cute.arch.shuffle_sync_bfly(sums[e], chunks << level)
+        return sums
 
     @cute.jit
     def _straddling_sums(self, sm, mma, tid):
@@ -1001,6 +1072,9 @@ class SsdBackwardChunk:
         d a_k), in quarters of the rows i.
         Summed pair by pair: the row and column sums of W are large and cancel here (the diagonal, and pairs joined
         by runs of Δ = 0, have decay 1), so their difference would lose everything when |Δ·A| is large."""
+        if cutlass.const_expr(self.warp_specialized):
+            # the side warps done with the head's states tile (W's place), x and G (the next head's loads follow)
+            role_sync(SIDE_DONE, THREADS + SIDE_THREADS)
         # W (fp32) over the run's states tile (_w_offset: rows rotated so that no pass below has bank conflicts)
         w_tile = cute.make_tensor(cute.recast_ptr(sm.states.iterator, dtype=Float32), cute.make_layout((TILE * TILE,)))
         coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, TILE))))
@@ -1041,15 +1115,22 @@ class SsdBackwardChunk:
             total = total + Float32(cutlass.select_(i >= k, w_tile[_w_offset(i, k)], Float32(0.0)))
         sm.straddle[k, quarter] = total
         self._sync()
-        if cutlass.const_expr(self.row_warp):
-            cute.arch.barrier_arrive(barrier_id=ROWS_READY, number_of_threads=THREADS + 32)
+        if cutlass.const_expr(self.warp_specialized):
+            role_arrive(ROWS_READY, THREADS + 32)
 
     @cute.jit
-    def _rows(self, a, t, sm, parts, row, h, blk, block_start, rows, lane, io_type: cutlass.Constexpr):
-        """Warp 1 or the row warp: dΛ per row, its suffix sums within each run (da), dΔ, ddt, and the dA / ddt_bias partials."""
+    def _rows(self, a, t, sm, parts, row, h, blk, block_start, rows, landed_end, lane, io_type: cutlass.Constexpr):
+        """Warp 1 or the row warp: dΛ per row, its suffix sums within each run (da), dΔ, ddt, and the dA / ddt_bias
+        partials. ``landed_end``: with side warps, the end of the first run when its states landed (else 0), whose
+        entering state's term this pass adds from the dot warps' sums."""
         P = self.headdim
         zero = Float32(0.0)
         A = view(a.A, (a.nheads,), a.stride_A_head)[h]
+        landed_term = zero
+        if cutlass.const_expr(self.warp_specialized):
+            if landed_end > 0:  # (the run starts at row 0: its base cumsum is 0)
+                landed_term = (cute.math.exp2(cute.math.min(sm.cs[landed_end - 1], zero), fastmath=True)
+                               * (sm.landed_dot[0] + sm.landed_dot[1]))
         # da_k = Σ_{i >= k in the run} dΛ_i, taken term by term: the pairs of W straddling k (``straddle``); the
         # suffix sums of G·y0 and of the entering state's term at the run's last row; and for the leaving state,
         # -q_i + [i = run end - 1] Σ_run q_j (q_j = Δ_j x_j·U_j), whose suffix is the prefix Σ_{j < k in the run} q_j
@@ -1064,7 +1145,10 @@ class SsdBackwardChunk:
                     sums[q] = sums[q] + parts[q, slot, i]
             delta_i = sm.delta[i]
             # sums: 0 column sums of Q ⊙ M, 1 G·y0, 2 x·U
-            dlam[half] = sums[1] + sm.last[i]
+            last_i = sm.last[i]
+            if cutlass.const_expr(self.warp_specialized):
+                last_i = last_i + Float32(cutlass.select_(i == landed_end - 1, landed_term, zero))
+            dlam[half] = sums[1] + last_i
             leaving[half] = delta_i * sums[2]
             direct[half] = sums[0] + sums[2]
         suffix, suffix_q, ddt_out, partials = sm.suffix, sm.suffix_q, t.ddt, t.partials
@@ -1115,7 +1199,7 @@ class Shared:
         self.h0 = cute.make_tensor(self.states.iterator, smem_layout((P, N)))
         self.dh = cute.make_tensor(self.states.iterator + P * N, smem_layout((P, N)))
         self.straddle = storage.straddle.get_tensor(cute.make_layout((TILE, QUARTERS), stride=(1, TILE)))
-        self.dD_slices = storage.dD_slices.get_tensor(cute.make_layout((THREADS,)))
+        self.dD_slices = storage.dD_slices.get_tensor(cute.make_layout((WARPS, P), stride=(P, 1)))
         self.D = storage.D.get_tensor(cute.make_layout((P,)))
         self._per_head = {name: getattr(storage, name).get_tensor(cute.make_layout((2 * TILE,)))
                           for name in ("delta", "cs", "slope")}
@@ -1127,6 +1211,7 @@ class Shared:
         self.part_slots = cute.make_tensor(self.parts.iterator, cute.make_layout((PARTS, WARP_ROWS, TILE),
                                                                                  stride=(WARP_ROWS * TILE, TILE, 1)))
         self.dot = storage.dot.get_tensor(cute.make_layout((WARPS,)))
+        self.landed_dot = storage.landed_dot.get_tensor(cute.make_layout((DOT_WARPS,)))
         self.seq = storage.seq.get_tensor(cute.make_layout((TILE,)))
         self.run_start = storage.run_start.get_tensor(cute.make_layout((TILE,)))
         self.run_end = storage.run_end.get_tensor(cute.make_layout((TILE,)))

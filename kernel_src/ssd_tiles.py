@@ -7,7 +7,9 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass._mlir.dialects import nvvm
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warp, warpgroup
+from cutlass.cutlass_dsl import dsl_user_op
 
 from kernel_src.ssm_math import warp_inclusive_scans
 
@@ -227,6 +229,21 @@ def make_mma(io_type, tid, warps, warpgroups: int):
     if warpgroups:
         return WarpgroupMmaParts(io_type, tid, warpgroups)
     return MmaParts(io_type, warps, tid)
+
+
+@dsl_user_op
+def role_sync(barrier_id: int, number_of_threads: int, *, loc=None, ip=None):
+    """Wait on named barrier ``barrier_id`` with ``number_of_threads`` participants that reach it from different
+    code (warps in different roles): PTX's unaligned ``barrier.cta.sync``, as the aligned ``bar.sync`` that
+    ``cute.arch.barrier`` emits requires every participant to execute the same instruction (compute-sanitizer's
+    synccheck reports the aligned form here as a divergent barrier)."""
+    nvvm.barrier_cta_sync(Int32(barrier_id).ir_value(loc=loc, ip=ip),
+                          thread_count=Int32(number_of_threads).ir_value(loc=loc, ip=ip), aligned=False, loc=loc, ip=ip)
+
+
+def role_arrive(barrier_id: int, number_of_threads: int):
+    """Arrive on a named barrier that :func:`role_sync` waits on elsewhere (the unaligned ``barrier.cta.arrive``)."""
+    cute.arch.barrier_arrive(barrier_id=barrier_id, number_of_threads=number_of_threads, aligned=False)
 
 
 def fence_operands(mma):
