@@ -66,6 +66,10 @@ DD_WARP = WARPS + 1
 DOT_WARPS = 2
 SIDE_THREADS = (1 + DOT_WARPS) * 32
 PRODUCT_REGISTERS, SIDE_REGISTERS = 232, 40  # setmaxnreg: 2 x 232 + 40 per SM sub-partition (3 warps of 12)
+# setmaxnreg only moves the CTA's own registers between its warps (the launch gives each of the 384 threads 168:
+# 65536 / 384 in steps of 8), and an increase waits until decreases have freed enough: asking for more in total
+# hangs the product warps at their increase
+assert WARPS * PRODUCT_REGISTERS + 4 * SIDE_REGISTERS <= (WARPS + 4) * (65536 // ((WARPS + 4) * 32) // 8 * 8)
 # named barriers
 PRODUCT_WARPS = 1   # the product warps alone
 ROWS_READY = 2      # the product warps arrive when a head's sums are complete, the row warp waits

@@ -1,4 +1,4 @@
-"""A small launch of every built family and mode, for ``compute-sanitizer`` (memcheck, racecheck).
+"""A small launch of every built family and mode, for ``compute-sanitizer`` (memcheck, racecheck, synccheck).
 
     compute-sanitizer --tool memcheck python tests/sanitizer_workload.py
 """
