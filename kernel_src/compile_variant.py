@@ -54,6 +54,8 @@ def compile_variant(family: str, constants: dict, arch: str) -> tuple[bytes, dic
     cubin_checks.check_symbols(cubin, symbol)
     cubin_checks.check_params(cubin, symbol, param_rows)
     cubin_checks.check_resources(res, arch, kernel.dynamic_smem)
+    if getattr(kernel, "setmaxnreg_budget", None) is not None:
+        cubin_checks.check_register_budget(res, kernel.setmaxnreg_budget)
     if arch == "sm_90a":  # (the only target with warpgroup MMAs)
         cubin_checks.check_wgmma_pipelined(cubin_checks.sass(cubin, toolchain.cuobjdump()))
 

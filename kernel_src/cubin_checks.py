@@ -150,6 +150,15 @@ def check_resources(res: Resources, arch: str, dynamic_smem: int) -> None:
                               f"the {SMEM_LIMIT[arch]} B limit of {arch}")
 
 
+def check_register_budget(res: Resources, needed: int) -> None:
+    """A warp-specialized kernel's ``setmaxnreg`` shares fit the registers its launch gets (``needed`` per thread:
+    the shares' average). setmaxnreg only moves registers among the CTA's own warps, and an increase waits until
+    decreases have freed enough: with fewer, the warps asking for more would wait forever (a hang, not an error)."""
+    if res.registers < needed:
+        raise CubinCheckError(f"the launch gives {res.registers} registers per thread, the warps' setmaxnreg shares "
+                              f"need {needed} on average: the increasing warps would wait forever")
+
+
 def check_wgmma_pipelined(instructions: str) -> None:
     """ptxas kept the warpgroup MMAs asynchronous (``instructions``: the SASS). When it cannot prove an in-flight
     wgmma's accumulators untouched until its wait (accumulator registers written while another product runs, or a

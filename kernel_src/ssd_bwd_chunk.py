@@ -36,8 +36,9 @@ ddt), which the next head's products wait for when the product warps run them. O
 them and the head's sums that feed no product: its first warp (the "row warp") scans the next head while the
 products of this one run and starts the row pass as soon as the products' sums are in shared memory; of the other
 three ("side warps"), one sums dD and two the landed states' dot product ⟨dh_end, h₀⟩ (for the row pass). The third
-warpgroup runs on 40 registers and the two product warpgroups get 232 each (``setmaxnreg``). Elsewhere (no
-``setmaxnreg``) the product warps do all of it, warp 0 scanning and warp 1 running the row pass between the products.
+warpgroup runs on 40 registers and the two product warpgroups get 232 each (``setmaxnreg``). Elsewhere (sm_100a's
+warp-MMA products need 254 registers) the product warps do all of it, warp 0 scanning and warp 1 running the row pass
+between the products.
 """
 
 # (no "from __future__ import annotations": cute.struct reads its field annotations as live objects)
@@ -65,11 +66,9 @@ ROW_WARP = WARPS
 DD_WARP = WARPS + 1
 DOT_WARPS = 2
 SIDE_THREADS = (1 + DOT_WARPS) * 32
-PRODUCT_REGISTERS, SIDE_REGISTERS = 232, 40  # setmaxnreg: 2 x 232 + 40 per SM sub-partition (3 warps of 12)
-# setmaxnreg only moves the CTA's own registers between its warps (the launch gives each of the 384 threads 168:
-# 65536 / 384 in steps of 8), and an increase waits until decreases have freed enough: asking for more in total
-# hangs the product warps at their increase
-assert WARPS * PRODUCT_REGISTERS + 4 * SIDE_REGISTERS <= (WARPS + 4) * (65536 // ((WARPS + 4) * 32) // 8 * 8)
+# setmaxnreg shares: 2 x 232 + 40 per SM sub-partition (3 warps of 12); on average the 168 registers per thread that
+# ptxas gives a 384-thread CTA (65536 / 384 in steps of 8), all that setmaxnreg can move (the build checks it)
+PRODUCT_REGISTERS, SIDE_REGISTERS = 232, 40
 # named barriers
 PRODUCT_WARPS = 1   # the product warps alone
 ROWS_READY = 2      # the product warps arrive when a head's sums are complete, the row warp waits
@@ -104,14 +103,24 @@ class SsdBackwardChunk:
 
     @property
     def warp_specialized(self) -> bool:
-        """A third warpgroup (the row warp and the side warps) beside the product warps: sm_90a, where setmaxnreg
-        lets the product warps keep their registers."""
+        """A third warpgroup (the row warp and the side warps) beside the product warps, setmaxnreg keeping the
+        product warps' registers: sm_90a, the arch it was built, tuned and validated for (sm_100a's warp-MMA
+        products need 254 registers, more than a third warpgroup would leave them)."""
         assert self.target_arch is not None
         return self.target_arch == "sm_90a"
 
     @property
     def threads(self):
         return THREADS + 128 * int(self.warp_specialized)
+
+    @property
+    def setmaxnreg_budget(self):
+        """With warp specialization, the registers per thread the cubin's launch must give (its warps' setmaxnreg
+        shares averaged: an increase only takes what decreases freed in the CTA, so with fewer the product warps
+        would wait forever); else None."""
+        if not self.warp_specialized:
+            return None
+        return -(-(WARPS * PRODUCT_REGISTERS + 4 * SIDE_REGISTERS) // (WARPS + 4))
 
     @property
     def block(self):
@@ -743,8 +752,8 @@ class SsdBackwardChunk:
 
     @cute.jit
     def _states_dot(self, sm, q, threads: int, dst):
-        """⟨dh_end, h₀⟩ (fp32) from the landed states tiles by ``threads`` threads (q: this one's index among them),
-        as :meth:`_load_states` sums it: dst[q // 32] = the share of q's warp."""
+        """⟨dh_end, h₀⟩ (fp32) from the landed states tiles by ``threads`` threads (q: this one's index among them):
+        dst[q // 32] = the share of q's warp (with THREADS, the vectors and order of :meth:`_load_states`)."""
         P, N = self.headdim, self.d_state
         dot = Float32(0.0)
         for k in cutlass.range(P * N // (threads * CHUNK), unroll=2):

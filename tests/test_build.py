@@ -82,6 +82,20 @@ def test_serialized_warpgroup_mmas_are_refused():
         cubin_checks.check_wgmma_pipelined(serialized)
 
 
+def test_setmaxnreg_shares_beyond_the_launch_registers_are_refused():
+    """A cubin whose launch gives fewer registers than its warps' setmaxnreg shares average (the product warps
+    would wait forever at their increase) fails the build; the chunk kernel's shares are what ptxas gives it."""
+    cubin_checks.check_register_budget(cubin_checks.Resources(168, 0, 0, 0), 168)
+    with pytest.raises(cubin_checks.CubinCheckError, match="wait forever"):
+        cubin_checks.check_register_budget(cubin_checks.Resources(160, 0, 0, 0), 168)
+    from kernel_src.ssd_bwd_chunk import SsdBackwardChunk
+    kernel = SsdBackwardChunk(headdim=64, d_state=128, io_dtype="bf16", state_dtype="fp32")
+    kernel.target_arch = "sm_90a"
+    assert kernel.setmaxnreg_budget == 168 and kernel.threads == 384
+    kernel.target_arch = "sm_100a"
+    assert kernel.setmaxnreg_budget is None and kernel.threads == 256
+
+
 def test_variants_that_cannot_fit_an_arch_are_named_and_skipped():
     from kernel_src.families import unsupported
     big = {"headdim": 64, "d_state": 256, "io_dtype": "bf16", "state_dtype": "fp32"}
