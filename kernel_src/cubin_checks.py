@@ -123,7 +123,10 @@ def _cuobjdump(cubin: bytes, cuobjdump: str, option: str) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(cubin)
-        return subprocess.run([cuobjdump, option, str(path)], check=True, capture_output=True, text=True).stdout
+        done = subprocess.run([cuobjdump, option, str(path)], capture_output=True, text=True)
+    if done.returncode:  # (-sass needs nvdisasm beside it: the nvidia-cuda-nvdisasm wheel of requirements/build.txt)
+        raise RuntimeError(f"cuobjdump {option} failed: {done.stderr.strip()}")
+    return done.stdout
 
 
 def sass(cubin: bytes, cuobjdump: str) -> str:

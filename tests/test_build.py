@@ -2,6 +2,7 @@
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -80,6 +81,16 @@ def test_serialized_warpgroup_mmas_are_refused():
                   "WARPGROUP.DEPBAR.LE gsb0, 0x0 ;\n") * 4
     with pytest.raises(cubin_checks.CubinCheckError, match="serialized the warpgroup MMAs"):
         cubin_checks.check_wgmma_pipelined(serialized)
+
+
+def test_the_build_requirements_hold_every_tool_the_checks_run(tmp_path):
+    """The README's build command installs requirements/build.txt alone: cuobjdump and the nvdisasm that its -sass
+    (the wgmma check) runs must be pinned there, and a failing cuobjdump says why."""
+    pinned = (Path(__file__).parent.parent / "requirements" / "build.txt").read_text()
+    for tool in ("nvidia-cuda-cuobjdump==", "nvidia-cuda-nvdisasm=="):
+        assert re.search(rf"^{re.escape(tool)}\S+$", pinned, re.M), tool
+    with pytest.raises(RuntimeError, match="cuobjdump -sass failed: .+"):
+        cubin_checks.sass(b"not a cubin", toolchain.cuobjdump())
 
 
 def test_setmaxnreg_shares_beyond_the_launch_registers_are_refused():
