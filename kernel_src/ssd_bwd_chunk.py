@@ -316,7 +316,7 @@ class SsdBackwardChunk:
         """The row warp during head h: the next head's dt (loaded before h's prologue, scanned after it, while the
         products of h run), then h's row pass once the products' sums are in shared memory (ROWS_READY)."""
         following = sm.for_head((h + 1) % 2)
-        head_dt = (t.dt.element_type(0.0), t.dt.element_type(0.0), Float32(0.0), Float32(0.0))
+        head_dt = _no_head_dt(t)
         if has_next:
             head_dt = self._load_head_dt(a, t, sm, row, h + 1, block_start, lane)
         self._sync_all()  # head h's prologue
@@ -339,7 +339,7 @@ class SsdBackwardChunk:
         v_sum.fill(0.0)
         _park(v_sum, sm.V_sum[tid, None])
         if cutlass.const_expr(self.warp_specialized):
-            head_dt = (t.dt.element_type(0.0), t.dt.element_type(0.0), Float32(0.0), Float32(0.0))
+            head_dt = _no_head_dt(t)
         else:
             head_dt = self._load_head_dt(a, t, sm, row, first_head, block_start, cute.arch.lane_idx())
         # the block's first sequence run, the same for every head, and whether its states land from the workspace
@@ -607,8 +607,9 @@ class SsdBackwardChunk:
                 self._sync()
                 self._load_states(a, t, sm, row, h, blk, s0, s1, rows, tid, io_type)
             landed_run = Int32(0)
-            if (landed != 0) & (s0 == first):
-                landed_run = Int32(1)
+            if cutlass.const_expr(self.warp_specialized):  # (the dot warps take a landed run's dot product)
+                if (landed != 0) & (s0 == first):
+                    landed_run = Int32(1)
             self._run(a, t, sm, mma, acc_dx, acc_y, row, h, blk, s0, s1, rows, landed_run, tid, io_type)
             s0 = next_change(starts_lo, starts_hi, s1 - 1)
 
@@ -840,8 +841,8 @@ class SsdBackwardChunk:
              io_type: cutlass.Constexpr):
         """One sequence run [s0, s1) of the block, its states in shared memory: its entries of S and W (into shared
         memory) with their row and column sums, and the products with the states entering (h₀) and leaving
-        (dh_end) it. ``landed_run``: its states landed from the workspace (with side warps, the dot warps then take
-        their dot product and the row pass its term)."""
+        (dh_end) it. ``landed_run``: 1 when its states landed from the workspace and side warps take their dot
+        product (the row pass then adds its term), else 0."""
         P, N = self.headdim, self.d_state
         zero = Float32(0.0)
         base = zero
@@ -867,10 +868,7 @@ class SsdBackwardChunk:
         fence_operands(mma)
         self._sync()
 
-        writes_last = tid == 0
-        if cutlass.const_expr(self.warp_specialized):
-            writes_last = writes_last & (landed_run == 0)
-        if writes_last:
+        if (tid == 0) & (landed_run == 0):
             total = Float32(0.0)
             for wi in cutlass.range_constexpr(WARPS):
                 total = total + sm.dot[wi]
@@ -981,10 +979,7 @@ class SsdBackwardChunk:
         parts = sm.part_slots
         fence_operands(mma)
         self._sync()
-        raw0 = t.dt.element_type(0.0)
-        raw1 = t.dt.element_type(0.0)
-        bias = Float32(0.0)
-        A_next = Float32(0.0)
+        raw0, raw1, bias, A_next = _no_head_dt(t)
         if cutlass.const_expr(not self.warp_specialized):
             if warp_id == 0:
                 if has_next:
@@ -1242,6 +1237,11 @@ class Shared:
         for name, both in self._per_head.items():
             setattr(view, name, cute.make_tensor(both.iterator + parity * TILE, cute.make_layout((TILE,))))
         return view
+
+
+def _no_head_dt(t):
+    """A head_dt (:meth:`SsdBackwardChunk._load_head_dt`) of zeros, where no head's is loaded."""
+    return t.dt.element_type(0.0), t.dt.element_type(0.0), Float32(0.0), Float32(0.0)
 
 
 def _w_offset(i, j):
