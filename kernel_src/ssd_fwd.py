@@ -26,13 +26,18 @@ call, below, stores one state per segment).
 
 Sequence sources (the CTA's z index): row z of a (batch, L) input; sequence z of ``cu_seqlens`` (B == 1);
 or row z split at every change of ``seq_idx`` (blocks holding a sequence start are processed once per
-sequence run). A call the runtime splits along L (too few CTAs for the GPU; never with packed sequences) runs
-twice: a states-only pass (``states_only``: the h recurrence alone, x and B double-buffered in the tiles the
-outputs would use, its chunk states being the states entering the later segments), then z = source ·
-``segments`` + segment, each segment (``segment_len`` tokens) starting from the chunk state before it; only the
-last segment writes the final state and chunk states (the states-only pass wrote the others). The chunk size Q
-only says where ``chunk_states`` are taken (after the last token of every Q-token chunk of the row, Q a multiple
-of 64): the algorithm's own block is always 64 tokens.
+sequence run). A call the runtime splits along L (never with packed sequences) runs its rows as ``segments`` of
+``segment_len`` tokens, each segment starting from the chunk state before it, in the grid (P / 64 · rows, H,
+segments): x = row · P / 64 + the slice of P, z = segment (segment-major). It runs in one of two ways. With too few CTAs for the GPU, in two launches: a states-only pass
+(``states_only``: the h recurrence alone, x and B double-buffered in the tiles the outputs would use, its chunk states being the states
+entering the later segments), then every segment at once; only the last segment writes the final state and chunk
+states (the states-only pass wrote the others). With more CTAs than the GPU runs at once, in one launch whose
+segments hand their states over (``segment_flags``): a segment waits for the flag that the segment before it sets
+once its end state is written (as a chunk state), and waves of shorter segments leave less of the last wave empty.
+The GPU starts a grid's CTAs in the order of their linear block index (x fastest, then y, then z; CUTLASS's serial
+split-K semaphores rely on the same), so the CTA a segment waits for started before it: it runs, or is done. The
+chunk size Q only says where ``chunk_states`` are taken (after the last token of every Q-token chunk of the row, Q a
+multiple of 64): the algorithm's own block is always 64 tokens.
 """
 
 # (no "from __future__ import annotations": cute.struct reads its field annotations as live objects)
@@ -67,6 +72,7 @@ class SsdForward:
     block_states_walk = False
     change_slots = 1
     gate_buffers = 2          # z's tiles (the walk with outputs)
+    segment_handover = True   # split calls' segments may hand their states over
     weighted_x_offset = TILE * TILE  # where the weighted x sits in the scratch (after S)
 
     def __init__(self, headdim: int, d_state: int, io_dtype: str, state_dtype: str):
@@ -152,7 +158,9 @@ class SsdForward:
         ]
 
     def _extra_params(self):
-        return []
+        """A split call's handover (module docstring): a flag per CTA of the segments before the last, by linear block
+        index; zeroed by the runtime before the launch."""
+        return [ptr("segment_flags", "int32"), i32("has_segment_flags")]
 
     @cute.jit
     def __call__(self, args: tuple, stream):
@@ -175,6 +183,10 @@ class SsdForward:
         P, N = self.headdim, self.d_state
         io_type, state_type = cutlass_dtype(self.io_dtype), cutlass_dtype(self.state_dtype)
         ptile, h, source = block
+        split_row = 0
+        if cutlass.const_expr(self.segment_handover):  # a split call's rows are in x, after the slices of P
+            split_row = ptile // (P // P_TILE)
+            ptile = ptile % (P // P_TILE)
         tid, _, _ = cute.arch.thread_idx()
         warp_id = cute.arch.warp_idx()
         lane = cute.arch.lane_idx()
@@ -206,7 +218,7 @@ class SsdForward:
 
         # This CTA's tokens: [start, end) of one row (or of one segment of it), and the number of its first sequence.
         segment = source % a.segments
-        source = source // a.segments
+        source = source // a.segments + split_row
         row, start, end = source_tokens(a, source, L)
         start = cute.math.max(start, segment * a.segment_len)
         end = cute.math.min(end, start + a.segment_len)
@@ -256,7 +268,11 @@ class SsdForward:
         acc_h = cute.make_rmem_tensor(mma.thr.partition_shape_C((P_TILE, N)), Float32)
         if segment == 0:
             self._begin_sequence(a, states, mma, acc_h, sH, seq, h, p0, io_type)
-        else:  # the state entering the segment, as the states-only pass left it (the chunk state before start)
+        else:  # the state entering the segment: the chunk state before start, as the states-only pass or the
+            # segment before this one left it
+            if cutlass.const_expr(self.segment_handover):
+                if a.has_segment_flags != 0:
+                    self._await_flag(self._segment_flag(a, ptile, h, row, segment - 1), tid)
             entering = states.chunks[row, start // a.chunk_size - 1, h, None, None]
             self._set_state(mma, acc_h, sH, entering, True, p0, io_type)
         sources = (g2s, tid, gx, gz, gB, gC, ident_x, ident_BC, ptile, L)
@@ -304,6 +320,32 @@ class SsdForward:
 
             if segment == a.segments - 1:
                 self._end_sequence(a, states, mma, acc_h, seq, h, p0, state_type)
+            if cutlass.const_expr(self.segment_handover):
+                if (a.has_segment_flags != 0) & (segment < a.segments - 1):
+                    self._set_flag(self._segment_flag(a, ptile, h, row, segment), tid)
+
+    def _segment_flag(self, a, ptile, h, row, segment):
+        """The flag segment ``segment`` of (row, head, ptile) sets once its end state is written: its CTA's linear
+        block index (x = row · P / 64 + ptile, y = head, z = segment)."""
+        ptiles = self.headdim // P_TILE
+        return a.segment_flags + ((segment * a.nheads + h) * a.batch + row) * ptiles + ptile
+
+    @cute.jit
+    def _await_flag(self, flag, tid):
+        """The CTA waits until ``flag`` is set (one thread polls it with acquire loads; the barrier passes that on)."""
+        if tid == 0:
+            ready = Int32(0)
+            while ready == 0:
+                ready = cute.arch.load(flag, Int32, sem="acquire", scope="gpu")
+        cute.arch.sync_threads()
+
+    @cute.jit
+    def _set_flag(self, flag, tid):
+        """Set ``flag`` once every thread's stores are visible GPU-wide (each fences, then one release store)."""
+        cute.arch.fence_acq_rel_gpu()
+        cute.arch.sync_threads()
+        if tid == 0:
+            cute.arch.store(flag, Int32(1), sem="release", scope="gpu")
 
     def _block_states_view(self, a):
         return None
@@ -359,8 +401,8 @@ class SsdForward:
                 self._store_rows(a, sY, sX, sZ, sD, out, row, h, ptile, block_start, seg, seg_end, tid - 32, io_type)
             seg = seg_end
 
-        # (a split call's states-only pass wrote the chunk states of every segment but the last)
-        if (a.has_chunk_states != 0) & (segment == a.segments - 1):
+        # (a states-only pass wrote the chunk states of every segment but the last; handed-over segments write their own)
+        if (a.has_chunk_states != 0) & ((segment == a.segments - 1) | (a.has_segment_flags != 0)):
             self._store_chunk_state(a, states, mma, acc_h, row, h, p0, block_start + seg_stop - 1, a.seqlen)
         return seq, prev_seq, dt0, dt1, seq0, seq1
 

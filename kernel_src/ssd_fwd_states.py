@@ -20,6 +20,7 @@ from kernel_src.ssd_tiles import (CHUNK, SCAN_GROUP, TILE, VECTOR, fence_operand
 class SsdForwardStates(SsdForward):
     family = "ssd_fwd_states"
     block_states_walk = True
+    segment_handover = False  # its calls are never split (and ssd_bwd_walks puts a second walk in its grid)
     change_slots = SCAN_GROUP  # a scan group's sequence-change masks
     # no outputs: no z's tiles, and of the scratch only the weighted x (76160 B of dynamic shared memory at N = 128,
     # 102784 with ssd_fwd's layout; measured faster at 2.7B, 381 → 312 µs): three CTAs per SM fit at N = 128 (with the

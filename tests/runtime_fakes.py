@@ -272,6 +272,9 @@ class FakeDriver:
         self._record("function", self.current)
         return 0xCCCC
 
+    def memset_d32(self, ptr, value, count, stream):
+        self._record("memset_d32", ptr, value, count, stream)
+
     def launch(self, func, grid, block, smem, stream, attrs, num_attrs, params):
         self.launches.append({
             "func": func, "grid": tuple(grid), "block": tuple(block), "smem": smem, "stream": stream,

@@ -73,6 +73,15 @@ size = runtime.workspace_size("ssd_fwd", x=long["x"], B=long["B"])
 assert size > 0
 runtime.launch("ssd_fwd", out=torch.empty_like(long["x"]), final_states=torch.empty(1, 2, P, N, device=dev),
                workspace=torch.empty(size // 4, device=dev), **long)
+# more CTAs than the GPU runs at once: segments handing their states over in one launch (tickets, flags)
+Hw, Lw = 270, 512
+wide = dict(x=torch.randn(1, Lw, Hw, P, device=dev).bfloat16(), dt=torch.randn(1, Lw, Hw, device=dev).bfloat16(),
+            A=-torch.rand(Hw, device=dev), B=torch.randn(1, Lw, 1, N, device=dev).bfloat16(),
+            C=torch.randn(1, Lw, 1, N, device=dev).bfloat16(), dt_softplus=True, chunk_size=256)
+size = runtime.workspace_size("ssd_fwd", x=wide["x"], B=wide["B"])
+assert size > 0
+runtime.launch("ssd_fwd", out=torch.empty_like(wide["x"]), final_states=torch.empty(1, Hw, P, N, device=dev),
+               workspace=torch.empty(size // 4, device=dev), **wide)
 # the pre-conv path: prefill into a conv pool in place (packed, a short sequence), the three conv pool modes, and
 # the fused conv + SSM verify in each mode (padding and out-of-range rows, the tickets' last-arrival writes)
 K = 4

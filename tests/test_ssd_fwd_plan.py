@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 from mamba2_aot import errors, runtime
 from mamba2_aot.plans import PLANS
 from mamba2_aot.tensors import as_device_array
-from runtime_fakes import FakeCAI, contiguous, expect_refused, fake_array, no_driver  # noqa: F401  (fixture)
+from runtime_fakes import (FakeCAI, contiguous, expect_refused, fake_array, fake_runtime,  # noqa: F401  (fixtures)
+                           no_driver)
 
 MB = 1 << 20
 BATCH, L, H, P, N, G = 2, 300, 8, 64, 128, 2
@@ -155,6 +156,12 @@ def test_segments_fill_the_free_slots_and_fit_the_workspace():
     assert [call.params["segments"] for call in steps(**long_args(heads=32, workspace=None))] == [1]
 
 
+def test_a_split_calls_rows_go_in_grid_x_after_the_slices_of_p():
+    """Segments run segment-major: grid (P / 64 * rows, heads, segments), every first segment before any second."""
+    first, second = steps(**long_args(batch=2, heads=32))
+    assert first.grid == (1, 32, 2) and second.grid == (2, 32, second.params["segments"])
+
+
 def test_chunk_states_hold_the_entering_states_without_a_workspace():
     chunks = fake_array(1 << 41, (1, 16, 64, P, N), "fp32")
     first, second = steps(**long_args(workspace=None, chunk_states=chunks))
@@ -172,6 +179,70 @@ def test_a_split_that_would_not_pay_is_not_taken():
     assert plan_segments(1, 800, 64, 64, 128, 256) == (1, 800)
     assert plan_segments(1, 2048, 128, 64, 128, 256) == (2, 1024)
     assert plan_segments(1, 4096, 64, 64, 128) == (4, 1024)  # 64 CTAs: four segments fill the 264 slots
+
+
+def test_a_call_over_a_wave_hands_its_segments_states_over_in_one_launch():
+    """The 2.7B shape (640 CTAs for 264 slots: the third wave 42 % full) runs as two segments per row in one launch,
+    segment-major (grid z = segment, x = row), each segment's end state a segment-long chunk state in the workspace,
+    then one flag per CTA of the first segments, which the runtime zeroes before the launch."""
+    from mamba2_aot.plans.ssd_fwd import plan_handover
+    assert plan_handover(8, 4096, 80, 64, 128) == (2, 2048)
+    args = long_args(batch=8, heads=80)
+    ws = args["workspace"].__cuda_array_interface__["data"][0]
+    state_bytes = 8 * 2 * 80 * P * N * 4  # batch x segments x heads x P x N fp32
+    assert runtime.workspace_size("ssd_fwd", x=args["x"], B=args["B"]) == state_bytes + 640 * 4
+    (call,) = steps(**args)
+    assert call.grid == (8, 80, 2)
+    assert {k: call.params[k] for k in ("states_only", "segments", "segment_len", "has_chunk_states", "chunk_states",
+                                        "chunk_size", "nchunks", "has_segment_flags", "segment_flags")} == {
+        "states_only": 0, "segments": 2, "segment_len": 2048, "has_chunk_states": 1, "chunk_states": ws,
+        "chunk_size": 2048, "nchunks": 2, "has_segment_flags": 1, "segment_flags": ws + state_bytes}
+    assert call.params["stride_chunk_states_chunk"] == 80 * P * N
+    assert [a.name for a in call.outputs] == ["out", "final_states", "workspace", "workspace"]
+    (flags,) = call.zeroed
+    assert flags.ptr == ws + state_bytes and flags.shape == (640,) and flags.dtype == "int32"
+
+
+@pytest.mark.parametrize("shape,expected", [
+    ((8, 4096, 80, 64, 128), (2, 2048)),   # 2.42 waves: five half-rows
+    ((8, 4096, 66, 64, 128), (1, 4096)),   # exactly two waves
+    ((4, 4096, 80, 64, 128), (4, 1024)),   # 1.21 waves: five quarter-rows
+    ((8, 400, 80, 64, 128), (1, 400)),     # segments of 256 and 144 tokens: no shorter waves
+    ((2, 4096, 64, 64, 128), (1, 4096)),   # one wave: a states-only split's case
+    ((8, 4096, 20, 64, 256), (4, 1024)),   # d_state 256: 132 slots, 160 CTAs
+])
+def test_handover_segments_shorten_the_waves(shape, expected):
+    from mamba2_aot.plans.ssd_fwd import plan_handover
+    assert plan_handover(*shape) == expected
+
+
+def test_a_handover_needs_its_whole_workspace_and_no_chunk_states():
+    """Without room for every segment's state and the flags, or with chunk_states asked for, the call is not split."""
+    args = long_args(batch=8, heads=80)
+    need = runtime.workspace_size("ssd_fwd", x=args["x"], B=args["B"])
+    for over in ({"workspace": fake_array(1 << 40, (need // 4 - 1,), "fp32")}, {"workspace": None},
+                 {"chunk_states": fake_array(1 << 41, (8, 16, 80, P, N), "fp32")}):
+        (call,) = steps(**long_args(batch=8, heads=80, **over))
+        assert call.params["segments"] == 1 and call.params["has_segment_flags"] == 0 and call.zeroed == (), over
+
+
+def test_zeroed_arrays_are_cleared_on_the_stream_before_the_launch(fake_runtime, monkeypatch):
+    """A bound call's ``zeroed`` arrays (a handover's flags) are set to zero on the launch's stream just before the
+    kernel, on every call (a memoised call too)."""
+    from mamba2_aot.plans.ssd_chunk_cumsum import ChunkCumsumPlan
+    bind_cumsum = ChunkCumsumPlan.bind
+    monkeypatch.setattr(ChunkCumsumPlan, "bind",
+                        lambda self, **kw: (lambda c: c._replace(zeroed=(c.outputs[0],)))(bind_cumsum(self, **kw)))
+    args = {"dt": fake_array(0x10000000, (2, 300, 4), "fp32"), "A": fake_array(0x10100000, (4,), "fp32"),
+            "dt_out": fake_array(0x10200000, (2, 4, 5, 64), "fp32"),
+            "dA_cumsum": fake_array(0x10300000, (2, 4, 5, 64), "fp32"), "chunk_size": 64}
+    launched = []
+    monkeypatch.setattr(fake_runtime, "launch", lambda *a: launched.append(
+        [c for c in fake_runtime.calls if c[0] == "memset_d32"]))
+    for _ in range(2):
+        runtime.launch("ssd_chunk_cumsum", stream=0x5000, **args)
+    memset = ("memset_d32", 0x10200000, 0, 2 * 4 * 5 * 64, 0x5000)
+    assert launched == [[memset], [memset, memset]]
 
 
 def test_workspace_size_is_zero_for_calls_that_are_never_split():

@@ -21,6 +21,7 @@ import contextlib
 import ctypes
 import difflib
 import inspect
+import math
 import struct
 import threading
 
@@ -170,6 +171,8 @@ def _enqueue(drv, device: int, kernel: LoadedKernel, call: BoundCall, handle: in
     restore = drv.bind_primary_context(device)
     try:
         _wait_for_producers(drv, call, handle)
+        for words in call.zeroed:
+            drv.memset_d32(words.ptr, 0, math.prod(words.shape), handle)
         kernel.launch(drv, call, handle, packed_cache)
     finally:
         if restore is not None:

@@ -105,6 +105,7 @@ _SIGNATURES = {
     "cuKernelSetAttribute": [c_int, c_int, c_void_p, c_int],
     "cuKernelGetAttribute": [_P(c_int), c_int, c_void_p, c_int],
     "cuLaunchKernelEx": [_P(CUlaunchConfig), c_void_p, _P(c_void_p), _P(c_void_p)],
+    "cuMemsetD32Async": [c_uint64, c_uint, c_size_t, c_void_p],
     "cuStreamGetCtx": [c_void_p, _P(c_void_p)],
     "cuStreamIsCapturing": [c_void_p, _P(c_int)],
     "cuStreamWaitEvent": [c_void_p, c_void_p, c_uint],
@@ -311,6 +312,10 @@ class CudaDriver:
         self._check(self._cuPointerGetAttribute(byref(ordinal), CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr),
                     "cuPointerGetAttribute")
         return ordinal.value
+
+    def memset_d32(self, ptr: int, value: int, count: int, stream: int) -> None:
+        """``cuMemsetD32Async``: ``count`` 32-bit words from ``ptr`` set to ``value``, in order on ``stream``."""
+        self._check(self._cuMemsetD32Async(ptr, value, count, stream), "cuMemsetD32Async")
 
     def launch(self, func: int, grid, block, smem: int, stream: int, attrs, num_attrs: int, params) -> None:
         """``cuLaunchKernelEx``. ``params`` is a ``c_void_p`` array pointing at each packed argument."""

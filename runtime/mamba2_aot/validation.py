@@ -26,7 +26,8 @@ class BoundCall(NamedTuple):
 
     ``constants`` select the variant; ``grid`` is the launch grid (a 0 in it means nothing to do);
     ``params`` maps every kernel parameter name to its value; ``inputs``/``outputs`` are the arrays the
-    kernel reads / writes (used for the device, alignment and aliasing checks).
+    kernel reads / writes (used for the device, alignment and aliasing checks); ``zeroed`` are outputs set to zero
+    on the stream just before the kernel (32-bit words: the flags of kernels whose CTAs signal each other).
     """
 
     constants: dict
@@ -34,6 +35,7 @@ class BoundCall(NamedTuple):
     params: dict
     inputs: tuple[DeviceArray, ...]
     outputs: tuple[DeviceArray, ...]
+    zeroed: tuple[DeviceArray, ...] = ()
 
 
 def expect_given(**arrays) -> None:

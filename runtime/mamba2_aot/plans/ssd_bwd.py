@@ -67,8 +67,8 @@ from ..tensors import DeviceArray, ITEMSIZE, as_device_array
 from ..validation import (BoundCall, check_call, expect_dtype, expect_given, expect_rank, expect_shape,
                           expect_complete, expect_state_blocks, null_absent, record_strides, stride_names)
 from .base import CompositePlan, LaunchPlan
-from .ssd_fwd import (BLOCK, CTA_SLOTS, IO_DTYPES, SsdForwardPlan, block_states_call, expect_vector_operand,
-                      expect_workspace)
+from .ssd_fwd import (BLOCK, CTA_SLOTS, FORWARD_WALK_PARAMS, IO_DTYPES, SsdForwardPlan, block_states_call,
+                      expect_vector_operand, expect_workspace)
 from .ssm_inputs import SSM_INPUT_STRIDES, expect_groups
 
 ALIGN = 256        # bytes: alignment of each workspace region
@@ -126,7 +126,7 @@ class SsdForwardStatesPlan(_StepPlan):
     family = "ssd_fwd_states"
     grid_rule = SsdForwardPlan.grid_rule
     # ssd_fwd's (its states_only is 1), then the block states this walk writes
-    param_names = (SsdForwardPlan.param_names + ("block_states",)
+    param_names = (FORWARD_WALK_PARAMS + ("block_states",)
                    + stride_names("block_states", "batch", "block", "head") + ("has_block_states",))
 
 

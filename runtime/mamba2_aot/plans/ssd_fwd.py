@@ -61,11 +61,16 @@ One CTA per (64 rows of P, head, row or sequence) walks its tokens in order: gri
 quarter for d_state 256), a call is split along L into ``segments`` (:func:`plan_segments`), in two launches: a
 states-only pass (the state recurrence alone: no C·Bᵀ, no outputs) walks the first segments and leaves the state
 entering each later segment, then every segment runs at once from its entering state. The entering states go to
-``chunk_states`` when the call asks for them (segments then start on chunk boundaries), else to the workspace:
-``workspace_size("ssd_fwd", x=x, B=B, ...)`` bytes (batch · (segments - 1) · H · P · N fp32; 0 when the call is not
-split: pass its seq_idx, cu_seqlens, chunk_states and state arrays too for an exact answer, else it is the most a
-call with these x and B can use). Without a workspace, or with a smaller one, the call is split into as many
-segments as it holds (a workspace sized for one call serves every call). A workspace is checked like an input
+``chunk_states`` when the call asks for them (segments then start on chunk boundaries), else to the workspace.
+When it gives more CTAs than the GPU runs at once and the last wave would run part-empty (:func:`plan_handover`: the
+2.7B shape's 640 CTAs in 264 slots), a call without chunk_states is split into segments in one launch instead: each
+segment waits for the one before it to hand its end state over (through the workspace: every segment's end state in
+fp32, and flags that the runtime zeroes before the launch), so the waves are shorter and the last one fuller. The workspace: ``workspace_size("ssd_fwd", x=x, B=B, ...)`` bytes
+(batch · (segments - 1) · H · P · N fp32 for a states-only pass, batch · segments · H · P · N fp32 and the flags for a
+handover; 0 when the call is not split: pass its seq_idx, cu_seqlens, chunk_states and state arrays too for an exact
+answer, else it is the most a call with these x and B can use). Without a workspace, or with a smaller one, a
+states-only split takes as many segments as it holds, and a handover is not made (a workspace sized for one call
+serves every call). A workspace is checked like an input
 (device, overlaps) whether or not the call uses it; calls on several streams need one each. The results are bitwise
 those of the unsplit call (the same operations in the same order). Calls with ``seq_idx`` or ``cu_seqlens``, and
 calls that read and write one state pool in place, are not split.
@@ -100,6 +105,14 @@ MIN_SEGMENT = 256  # tokens: shorter segments do not pay for the second launch
 # blocks got ~1.27x faster since, the states-only pass less: not re-measured.)
 STATES_PASS_COST = 0.42
 SHARED_SM_COST = 1.28
+MAX_HANDOVER_SEGMENTS = 4  # each hand-over costs a wait and a pipeline refill: a few, not many
+# A handover must beat the unsplit walk's waves by this much: the unsplit call's part-empty last wave runs faster
+# than a full one (its CTAs share fewer SMs), so counting it as whole overstates the unsplit cost.
+HANDOVER_GAIN = 0.9
+
+
+def _cta_slots(d_state: int) -> int:
+    return CTA_SLOTS if d_state <= 128 else CTA_SLOTS // 2
 
 
 def plan_segments(batch: int, seqlen: int, nheads: int, headdim: int, d_state: int, align: int = BLOCK,
@@ -109,7 +122,7 @@ def plan_segments(batch: int, seqlen: int, nheads: int, headdim: int, d_state: i
     free CTA slots take (at most ``most``, each of at least MIN_SEGMENT tokens); the one the cost model says is
     fastest, or one segment (no split) when none beats the unsplit walk."""
     ctas = batch * nheads * (headdim // P_TILE)
-    slots = CTA_SLOTS if d_state <= 128 else CTA_SLOTS // 2
+    slots = _cta_slots(d_state)
     wanted = min(slots // max(ctas, 1), seqlen // MIN_SEGMENT, -(-seqlen // align))
     if most is not None:
         wanted = min(wanted, most)
@@ -123,26 +136,51 @@ def plan_segments(batch: int, seqlen: int, nheads: int, headdim: int, d_state: i
     return best
 
 
+def plan_handover(batch: int, seqlen: int, nheads: int, headdim: int, d_state: int) -> tuple[int, int]:
+    """(segments, segment_len) of a call whose CTAs fill the GPU more than once, run as one launch whose segments
+    hand their states over; (1, seqlen) when that does not pay. Its last wave runs part-empty (the 2.7B shape's 640
+    CTAs take three waves of 264), and k segments per row make the waves k times shorter: the walk takes
+    ceil(k · CTAs / slots) / k row times instead of ceil(CTAs / slots)."""
+    ctas = batch * nheads * (headdim // P_TILE)
+    slots = _cta_slots(d_state)
+    best_cost, best = HANDOVER_GAIN * -(-ctas // slots), (1, seqlen)
+    if ctas <= slots:  # one wave: a segment would only wait for the one before it
+        return best
+    for candidate in range(2, MAX_HANDOVER_SEGMENTS + 1):
+        segment_len = -(-seqlen // (candidate * BLOCK)) * BLOCK
+        if segment_len < MIN_SEGMENT:
+            break
+        segments = -(-seqlen // segment_len)
+        cost = -(-segments * ctas // slots) * segment_len / seqlen
+        if cost < best_cost:
+            best_cost, best = cost, (segments, segment_len)
+    return best
+
+
+# the parameters of the forward's walk, which ssd_bwd's recompute (ssd_fwd_states) shares
+FORWARD_WALK_PARAMS = (
+    ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "out",
+     "initial_states", "initial_state_indices", "final_states", "final_state_indices",
+     "chunk_states", "seq_idx", "cu_seqlens",
+     "batch", "seqlen", "nheads", "heads_per_group", "num_seqs",
+     "num_initial_slots", "num_final_slots", "chunk_size", "nchunks", "segments", "segment_len", "states_only")
+    + SSM_STRIDES
+    + stride_names("initial_states", "slot", "head") + stride_names("initial_state_indices", "seq")
+    + stride_names("final_states", "slot", "head") + stride_names("final_state_indices", "seq")
+    + stride_names("chunk_states", "batch", "chunk", "head") + stride_names("seq_idx", "batch", "seqlen")
+    + stride_names("cu_seqlens", "seq")
+    + ("has_D", "has_z", "has_dt_bias", "dt_softplus",
+       "has_initial_states", "has_initial_state_indices", "has_final_states", "has_final_state_indices",
+       "has_chunk_states", "has_seq_idx", "has_cu_seqlens",
+       "dt_min", "dt_max")
+)
+
+
 class SsdForwardPlan(CompositePlan):
     family = "ssd_fwd"
     step_families = ("ssd_fwd",)
     grid_rule = "headdim/64,heads,sequences"
-    param_names = (
-        ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "out",
-         "initial_states", "initial_state_indices", "final_states", "final_state_indices",
-         "chunk_states", "seq_idx", "cu_seqlens",
-         "batch", "seqlen", "nheads", "heads_per_group", "num_seqs",
-         "num_initial_slots", "num_final_slots", "chunk_size", "nchunks", "segments", "segment_len", "states_only")
-        + SSM_STRIDES
-        + stride_names("initial_states", "slot", "head") + stride_names("initial_state_indices", "seq")
-        + stride_names("final_states", "slot", "head") + stride_names("final_state_indices", "seq")
-        + stride_names("chunk_states", "batch", "chunk", "head") + stride_names("seq_idx", "batch", "seqlen")
-        + stride_names("cu_seqlens", "seq")
-        + ("has_D", "has_z", "has_dt_bias", "dt_softplus",
-           "has_initial_states", "has_initial_state_indices", "has_final_states", "has_final_state_indices",
-           "has_chunk_states", "has_seq_idx", "has_cu_seqlens",
-           "dt_min", "dt_max")
-    )
+    param_names = FORWARD_WALK_PARAMS + ("segment_flags", "has_segment_flags")
     arrays = ("x", "dt", "A", "B", "C", "out", "D", "z", "dt_bias", "chunk_states", "seq_idx",
               "cu_seqlens", "workspace") + STATE_ARRAYS
 
@@ -159,6 +197,9 @@ class SsdForwardPlan(CompositePlan):
         expect_rank(x, 4, "(batch, seqlen, nheads, headdim)")
         expect_rank(B, 4, "(batch, seqlen, ngroups, d_state)")
         batch, seqlen, nheads, headdim = x.shape
+        handover = _handover_bytes(batch, seqlen, nheads, headdim, B.shape[3])
+        if handover:
+            return sum(handover)
         segments, _ = plan_segments(batch, seqlen, nheads, headdim, B.shape[3])
         return (segments - 1) * _entering_state_bytes(batch, nheads, headdim, B.shape[3])
 
@@ -196,7 +237,7 @@ class SsdForwardPlan(CompositePlan):
             if arr is not None:
                 expect_vector_operand(arr)
         params.update(batch=batch, seqlen=seqlen, nheads=nheads, nchunks=-(-seqlen // chunk_size), segments=1,
-                      segment_len=seqlen, states_only=0)
+                      segment_len=seqlen, states_only=0, segment_flags=0, has_segment_flags=0)
         outputs = [out]
 
         # sequences: where they come from, how many there are, and how many CTAs walk them (grid z)
@@ -263,6 +304,17 @@ def _entering_state_bytes(batch: int, nheads: int, headdim: int, d_state: int) -
     return batch * nheads * headdim * d_state * 4
 
 
+def _handover_bytes(batch: int, seqlen: int, nheads: int, headdim: int, d_state: int) -> tuple[int, int] | None:
+    """Workspace bytes of a call whose segments hand their states over (:func:`plan_handover`), None for one that is
+    not run so: (every segment's end state in fp32, a 32-bit flag per CTA of the segments before the last, rounded
+    up to 16 bytes)."""
+    segments, _ = plan_handover(batch, seqlen, nheads, headdim, d_state)
+    if segments < 2:
+        return None
+    flags = (segments - 1) * batch * nheads * (headdim // P_TILE)
+    return segments * _entering_state_bytes(batch, nheads, headdim, d_state), -(-flags * 4 // 16) * 16
+
+
 def block_states_call(call: BoundCall, states: DeviceArray) -> tuple[str, BoundCall]:
     """``call`` (bound without chunk_states) as ``ssd_fwd_states``: the states-only walk writing the state after
     every 64-token block (after the last token of the block's sequence that reaches its end, or of the row) to
@@ -276,7 +328,8 @@ def block_states_call(call: BoundCall, states: DeviceArray) -> tuple[str, BoundC
                  "(batch, ceil(seqlen / 64), nheads, headdim, d_state)")
     expect_state_blocks(states, d_state, "(row, block, head)")
     expect_vector_operand(states)
-    params = _states_only(p, has_chunk_states=0, block_states=states.ptr, has_block_states=1)
+    walk = {name: p[name] for name in FORWARD_WALK_PARAMS}  # (not the handover's: this walk is never split)
+    params = _states_only(walk, has_chunk_states=0, block_states=states.ptr, has_block_states=1)
     record_strides(params, states, ("batch", "block", "head"))
     return "ssd_fwd_states", call._replace(params=params, outputs=(states,))
 
@@ -301,6 +354,10 @@ def split_call(call: BoundCall, workspace: DeviceArray | None) -> list[BoundCall
     batch, seqlen, nheads = p["batch"], p["seqlen"], p["nheads"]
     headdim, d_state = call.constants["headdim"], call.constants["d_state"]
     own_chunks = bool(p["has_chunk_states"])
+    if not own_chunks and workspace is not None:
+        handover = _handover_call(call, workspace)
+        if handover is not None:
+            return [handover]
     if own_chunks:
         align, most = p["chunk_size"], None
     else:
@@ -322,10 +379,37 @@ def split_call(call: BoundCall, workspace: DeviceArray | None) -> list[BoundCall
     # (every input of the call: the entering states it writes must overlap none of them)
     first = BoundCall(call.constants, call.grid, states_pass, inputs=call.inputs, outputs=(entering,))
     segmented = dict(p, **entering_params, segments=segments, segment_len=segment_len)
-    grid_x, grid_y, rows = call.grid
-    second = BoundCall(call.constants, (grid_x, grid_y, rows * segments), segmented,
+    second = BoundCall(call.constants, _segments_grid(call.grid, segments), segmented,
                        inputs=call.inputs + also_read, outputs=call.outputs)
     return [first, second]
+
+
+def _handover_call(call: BoundCall, workspace: DeviceArray) -> BoundCall | None:
+    """``call`` as one launch of segments that hand their states over (kernel_src/ssd_fwd.py), their end states and
+    flags in ``workspace``; None when that does not pay (:func:`plan_handover`) or the workspace is too small."""
+    p = call.params
+    batch, seqlen, nheads = p["batch"], p["seqlen"], p["nheads"]
+    headdim, d_state = call.constants["headdim"], call.constants["d_state"]
+    sizes = _handover_bytes(batch, seqlen, nheads, headdim, d_state)
+    if sizes is None or workspace.shape[0] * 4 < sum(sizes):
+        return None
+    segments, segment_len = plan_handover(batch, seqlen, nheads, headdim, d_state)
+    # each segment's end state as the chunk state of a segment-long chunk: the next segment enters from it
+    states = workspace.region("workspace", 0, (batch, segments, nheads, headdim, d_state), "fp32")
+    flags = workspace.region("workspace", sizes[0], (sizes[1] // 4,), "int32")
+    params = dict(p, chunk_states=states.ptr, has_chunk_states=1, chunk_size=segment_len, nchunks=segments,
+                  **dict(zip(stride_names("chunk_states", "batch", "chunk", "head"), states.strides)),
+                  segments=segments, segment_len=segment_len, segment_flags=flags.ptr, has_segment_flags=1)
+    return BoundCall(call.constants, _segments_grid(call.grid, segments), params, inputs=call.inputs,
+                     outputs=call.outputs + (states, flags), zeroed=(flags,))
+
+
+def _segments_grid(grid: tuple[int, int, int], segments: int) -> tuple[int, int, int]:
+    """The grid of a call's segments: (P / 64 · rows, heads, segments), so that the GPU, which starts CTAs in the
+    order of their linear block index, starts every row's first segment before any second one (a handover's segment
+    then waits only for a CTA that started before it)."""
+    ptiles, heads, rows = grid
+    return ptiles * rows, heads, segments
 
 
 def expect_workspace(workspace: DeviceArray, family: str, needed: int = 0) -> None:
