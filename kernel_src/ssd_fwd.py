@@ -28,12 +28,14 @@ Sequence sources (the CTA's z index): row z of a (batch, L) input; sequence z of
 or row z split at every change of ``seq_idx`` (blocks holding a sequence start are processed once per
 sequence run). A call the runtime splits along L (never with packed sequences) runs its rows as ``segments`` of
 ``segment_len`` tokens, each segment starting from the chunk state before it, in the grid (P / 64 · rows, H,
-segments): x = row · P / 64 + the slice of P, z = segment (segment-major). It runs in one of two ways. With too few CTAs for the GPU, in two launches: a states-only pass
-(``states_only``: the h recurrence alone, x and B double-buffered in the tiles the outputs would use, its chunk states being the states
-entering the later segments), then every segment at once; only the last segment writes the final state and chunk
-states (the states-only pass wrote the others). With more CTAs than the GPU runs at once, in one launch whose
-segments hand their states over (``segment_flags``): a segment waits for the flag that the segment before it sets
-once its end state is written (as a chunk state), and waves of shorter segments leave less of the last wave empty.
+segments): x = row · P / 64 + the slice of P, z = segment (segment-major). It runs in one of two ways. With too
+few CTAs for the GPU, in two launches: a states-only pass (``states_only``: the h recurrence alone, x and B
+double-buffered in the tiles the outputs would use, its chunk states being the states entering the later
+segments), then every segment at once; only the last segment writes the final state and chunk states (the
+states-only pass wrote the others). With more CTAs than the GPU runs at once, in one launch whose segments hand
+their states over (``segment_flags``): a segment waits for the flag that the segment before it sets once its end
+state is written (as its chunk state; the last segment writes none), and waves of shorter segments leave less of
+the last wave empty.
 The GPU starts a grid's CTAs in the order of their linear block index (x fastest, then y, then z; CUTLASS's serial
 split-K semaphores rely on the same), so the CTA a segment waits for started before it: it runs, or is done. The
 chunk size Q only says where ``chunk_states`` are taken (after the last token of every Q-token chunk of the row, Q a
@@ -165,8 +167,8 @@ class SsdForward:
     @cute.jit
     def __call__(self, args: tuple, stream):
         a = bind(self.params(), args)
-        # The grid here only serves the compile: the runtime's plan launches z = batch rows (times the segments of
-        # a split call), or one z per sequence with cu_seqlens (grid rule "headdim/64,heads,sequences").
+        # The grid here only serves the compile: the runtime's plan launches z = batch rows, or one z per sequence
+        # with cu_seqlens (grid rule "headdim/64,heads,sequences"); a split call (P / 64 · rows, heads, segments).
         self.kernel(args).launch(grid=[self.headdim // P_TILE, a.nheads, a.batch], block=list(self.block),
                                  smem=self.dynamic_smem, stream=stream, min_blocks_per_mp=self.min_ctas_per_sm,
                                  preferred_smem_carveout=0)
@@ -178,8 +180,9 @@ class SsdForward:
 
     @cute.jit
     def walk(self, a, block, smem):
-        """One CTA's walk: (64-row slice of P, head, row or sequence source [times segments]) = ``block``, its shared
-        memory at ``smem`` (ssd_bwd_walks runs it beside another walk, in one shared memory)."""
+        """One CTA's walk: (64-row slice of P, head, row or sequence source) = ``block`` (a split call's: (row · P / 64
+        + slice, head, segment)), its shared memory at ``smem`` (ssd_bwd_walks runs it beside another walk, in one
+        shared memory)."""
         P, N = self.headdim, self.d_state
         io_type, state_type = cutlass_dtype(self.io_dtype), cutlass_dtype(self.state_dtype)
         ptile, h, source = block
@@ -401,8 +404,9 @@ class SsdForward:
                 self._store_rows(a, sY, sX, sZ, sD, out, row, h, ptile, block_start, seg, seg_end, tid - 32, io_type)
             seg = seg_end
 
-        # (a states-only pass wrote the chunk states of every segment but the last; handed-over segments write their own)
-        if (a.has_chunk_states != 0) & ((segment == a.segments - 1) | (a.has_segment_flags != 0)):
+        # a states-only pass wrote the chunk states of every segment but the last; a handover's segments write theirs
+        # but the last (its end state is the final state)
+        if (a.has_chunk_states != 0) & ((segment == a.segments - 1) != (a.has_segment_flags != 0)):
             self._store_chunk_state(a, states, mma, acc_h, row, h, p0, block_start + seg_stop - 1, a.seqlen)
         return seq, prev_seq, dt0, dt1, seq0, seq1
 

@@ -73,7 +73,7 @@ size = runtime.workspace_size("ssd_fwd", x=long["x"], B=long["B"])
 assert size > 0
 runtime.launch("ssd_fwd", out=torch.empty_like(long["x"]), final_states=torch.empty(1, 2, P, N, device=dev),
                workspace=torch.empty(size // 4, device=dev), **long)
-# more CTAs than the GPU runs at once: segments handing their states over in one launch (tickets, flags)
+# more CTAs than the GPU runs at once: segments handing their states over in one launch (flags)
 Hw, Lw = 270, 512
 wide = dict(x=torch.randn(1, Lw, Hw, P, device=dev).bfloat16(), dt=torch.randn(1, Lw, Hw, device=dev).bfloat16(),
             A=-torch.rand(Hw, device=dev), B=torch.randn(1, Lw, 1, N, device=dev).bfloat16(),

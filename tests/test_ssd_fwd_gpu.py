@@ -268,8 +268,8 @@ def test_split_call_reads_and_writes_pools_by_slot(state_dtype):
 
 def test_handover_call_matches_oracle_and_the_unsplit_call_bitwise():
     """A call with more CTAs than the GPU runs at once, its rows cut into segments that hand their states over in
-    one launch (tickets, then flags in the workspace): against the oracle and bitwise the unsplit call. The workspace
-    starts as NaN, so flags the runtime failed to zero would let a segment read its entering state unwritten."""
+    one launch (flags in the workspace, which starts as NaN): against the oracle, and bitwise the unsplit call on
+    two calls in a row (the runtime zeroes the flags before each; tests/test_ssd_fwd_plan.py checks that it does)."""
     from mamba2_aot.plans.ssd_fwd import plan_handover
     _require(headdim=128, d_state=128, io_dtype="bf16", state_dtype="fp32")
     inputs = _to_cuda(generators.standard_inputs(3, 1061, 45, 128, 128, 5, torch.bfloat16, seed=45, D="HP", z=True,
@@ -277,7 +277,7 @@ def test_handover_call_matches_oracle_and_the_unsplit_call_bitwise():
     assert plan_handover(3, 1061, 45, 128, 128) == (3, 384)  # 270 CTAs for 264 slots; the last segment 293 tokens
     before = {k: v.clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
     whole = _run(inputs, final=True, dt_limit=(1e-3, 0.2))
-    for _ in range(2):  # the flags and the ticket counter start from zero on every call
+    for _ in range(2):
         split = _run(inputs, final=True, workspace=True, dt_limit=(1e-3, 0.2))
         for name, value in whole.items():
             assert torch.isfinite(value.float()).all(), name
@@ -285,6 +285,24 @@ def test_handover_call_matches_oracle_and_the_unsplit_call_bitwise():
     _check(split, _oracle(inputs, final=True, dt_limit=(1e-3, 0.2)))
     for k, v in before.items():
         assert torch.equal(v, inputs[k]), f"input {k} was written"
+
+
+@pytest.mark.parametrize("constants", built_constants("ssd_fwd"),
+                         ids=lambda c: "-".join(f"{k}{v}" for k, v in sorted(c.items())))
+def test_handover_calls_equal_unsplit_calls_bitwise(constants):
+    """Each built variant (both CTA shapes: d_state 256 runs one CTA per SM): a call over a wave of CTAs whose
+    segments hand their states over gives bitwise the unsplit call's outputs and final states."""
+    from mamba2_aot.plans.ssd_fwd import plan_handover
+    P, N, io, state = constants["headdim"], constants["d_state"], constants["io_dtype"], constants["state_dtype"]
+    heads = (90 if N <= 128 else 46) * 64 // P  # 270 / 138 CTAs over 264 / 132 slots
+    inputs = _to_cuda(generators.standard_inputs(3, 600, heads, P, N, 1, TORCH_DTYPES[io], seed=P + N, D="H", z=True,
+                                                 initial_states=True))
+    assert plan_handover(3, 600, heads, P, N)[0] > 1
+    kw = dict(final=True, state_dtype=TORCH_DTYPES[state])
+    whole, split = _run(inputs, **kw), _run(inputs, workspace=True, **kw)
+    for name, value in whole.items():
+        assert torch.isfinite(value.float()).all(), name
+        assert torch.equal(split[name], value), name
 
 
 @pytest.mark.parametrize("constants", built_constants("ssd_fwd"),

@@ -183,22 +183,23 @@ def test_a_split_that_would_not_pay_is_not_taken():
 
 def test_a_call_over_a_wave_hands_its_segments_states_over_in_one_launch():
     """The 2.7B shape (640 CTAs for 264 slots: the third wave 42 % full) runs as two segments per row in one launch,
-    segment-major (grid z = segment, x = row), each segment's end state a segment-long chunk state in the workspace,
-    then one flag per CTA of the first segments, which the runtime zeroes before the launch."""
+    segment-major (grid z = segment, x = row), the first segment's end state a segment-long chunk state in the
+    workspace, then one flag per CTA of the first segment, which the runtime zeroes before the launch."""
     from mamba2_aot.plans.ssd_fwd import plan_handover
     assert plan_handover(8, 4096, 80, 64, 128) == (2, 2048)
     args = long_args(batch=8, heads=80)
     ws = args["workspace"].__cuda_array_interface__["data"][0]
-    state_bytes = 8 * 2 * 80 * P * N * 4  # batch x segments x heads x P x N fp32
+    state_bytes = 8 * 80 * P * N * 4  # batch x (segments - 1) x heads x P x N fp32
     assert runtime.workspace_size("ssd_fwd", x=args["x"], B=args["B"]) == state_bytes + 640 * 4
     (call,) = steps(**args)
     assert call.grid == (8, 80, 2)
     assert {k: call.params[k] for k in ("states_only", "segments", "segment_len", "has_chunk_states", "chunk_states",
                                         "chunk_size", "nchunks", "has_segment_flags", "segment_flags")} == {
         "states_only": 0, "segments": 2, "segment_len": 2048, "has_chunk_states": 1, "chunk_states": ws,
-        "chunk_size": 2048, "nchunks": 2, "has_segment_flags": 1, "segment_flags": ws + state_bytes}
+        "chunk_size": 2048, "nchunks": 1, "has_segment_flags": 1, "segment_flags": ws + state_bytes}
     assert call.params["stride_chunk_states_chunk"] == 80 * P * N
     assert [a.name for a in call.outputs] == ["out", "final_states", "workspace", "workspace"]
+    assert call.outputs[2].shape == (8, 1, 80, P, N)
     (flags,) = call.zeroed
     assert flags.ptr == ws + state_bytes and flags.shape == (640,) and flags.dtype == "int32"
 
@@ -226,23 +227,35 @@ def test_a_handover_needs_its_whole_workspace_and_no_chunk_states():
         assert call.params["segments"] == 1 and call.params["has_segment_flags"] == 0 and call.zeroed == (), over
 
 
-def test_zeroed_arrays_are_cleared_on_the_stream_before_the_launch(fake_runtime, monkeypatch):
-    """A bound call's ``zeroed`` arrays (a handover's flags) are set to zero on the launch's stream just before the
-    kernel, on every call (a memoised call too)."""
+def _cumsum_zeroing(monkeypatch, zeroed):
+    """ssd_chunk_cumsum's plan, its calls also asking to have ``zeroed`` (a DeviceArray) zeroed as an output."""
     from mamba2_aot.plans.ssd_chunk_cumsum import ChunkCumsumPlan
     bind_cumsum = ChunkCumsumPlan.bind
-    monkeypatch.setattr(ChunkCumsumPlan, "bind",
-                        lambda self, **kw: (lambda c: c._replace(zeroed=(c.outputs[0],)))(bind_cumsum(self, **kw)))
-    args = {"dt": fake_array(0x10000000, (2, 300, 4), "fp32"), "A": fake_array(0x10100000, (4,), "fp32"),
+    monkeypatch.setattr(ChunkCumsumPlan, "bind", lambda self, **kw: (lambda c: c._replace(
+        outputs=c.outputs + (zeroed,), zeroed=(zeroed,)))(bind_cumsum(self, **kw)))
+    return {"dt": fake_array(0x10000000, (2, 300, 4), "fp32"), "A": fake_array(0x10100000, (4,), "fp32"),
             "dt_out": fake_array(0x10200000, (2, 4, 5, 64), "fp32"),
             "dA_cumsum": fake_array(0x10300000, (2, 4, 5, 64), "fp32"), "chunk_size": 64}
+
+
+def test_zeroed_arrays_are_cleared_on_the_stream_before_the_launch(fake_runtime, monkeypatch):  # noqa: F811
+    """A bound call's ``zeroed`` arrays (a handover's flags) are set to zero on the launch's stream just before the
+    kernel, on every call (a memoised call too)."""
+    args = _cumsum_zeroing(monkeypatch, as_device_array(fake_array(0x10500000, (96,), "int32"), "flags"))
     launched = []
     monkeypatch.setattr(fake_runtime, "launch", lambda *a: launched.append(
         [c for c in fake_runtime.calls if c[0] == "memset_d32"]))
     for _ in range(2):
         runtime.launch("ssd_chunk_cumsum", stream=0x5000, **args)
-    memset = ("memset_d32", 0x10200000, 0, 2 * 4 * 5 * 64, 0x5000)
+    memset = ("memset_d32", 0x10500000, 0, 96, 0x5000)
     assert launched == [[memset], [memset, memset]]
+
+
+def test_a_zeroed_array_must_be_contiguous_32_bit_words(fake_runtime, monkeypatch):  # noqa: F811
+    args = _cumsum_zeroing(monkeypatch, as_device_array(fake_array(0x10500000, (96,), "int32", (2,)), "flags"))
+    with pytest.raises(RuntimeError, match="a plan bug"):
+        runtime.launch("ssd_chunk_cumsum", stream=0x5000, **args)
+    assert fake_runtime.launches == []
 
 
 def test_workspace_size_is_zero_for_calls_that_are_never_split():
@@ -281,6 +294,29 @@ def test_calls_that_are_not_split(change):
         args.update(initial_states=pool, final_states=pool, initial_state_indices=idx, final_state_indices=idx)
     (call,) = steps(**args)
     assert call.params["segments"] == 1 and call.params["states_only"] == 0
+
+
+@pytest.mark.parametrize("change", ["seq_idx", "cu_seqlens", "in_place", "chunk_states"])
+def test_calls_over_a_wave_that_are_not_handed_over(change):
+    """300 CTAs over a long L would hand their segments over, but not with packed sequences (the segments would cut
+    them), one pool read and written in place, or chunk_states asked for: one launch, unsplit."""
+    from mamba2_aot.plans.ssd_fwd import plan_handover
+    assert plan_handover(1, 4096, 300, P, N)[0] > 1
+    args = long_args(heads=300)
+    if change == "seq_idx":
+        args["seq_idx"] = fake_array(1 << 42, (1, 4096), "int32")
+        del args["final_states"]
+    if change == "cu_seqlens":
+        args["cu_seqlens"] = fake_array(1 << 42, (2,), "int32")
+    if change == "in_place":
+        pool = fake_array(1 << 42, (8, 300, P, N), "fp32")
+        idx = fake_array(1 << 43, (1,), "int32")
+        args.update(initial_states=pool, final_states=pool, initial_state_indices=idx, final_state_indices=idx)
+    if change == "chunk_states":
+        args["chunk_states"] = fake_array(1 << 41, (1, 16, 300, P, N), "fp32")
+    (call,) = steps(**args)
+    assert call.params["segments"] == 1 and call.params["has_segment_flags"] == 0 and call.zeroed == ()
+    assert call.grid[2] == 1
 
 
 @pytest.mark.parametrize("workspace,error,fragment", [

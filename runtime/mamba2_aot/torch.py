@@ -40,7 +40,7 @@ def _ssd_fwd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor
     # rows outside every cu_seqlens sequence are not written by the kernel: zeros there, as a full scan gives
     out = (torch.zeros if zero_fill else torch.empty)(x.shape, dtype=x.dtype, device=x.device)
     final_states = torch.empty(num_states, x.shape[2], x.shape[3], B.shape[3], dtype=torch.float32, device=x.device)
-    # a call with few CTAs is split along L (plans/ssd_fwd.py), into this workspace
+    # a call with few CTAs, or a wave and a part-empty one, is split along L (plans/ssd_fwd.py), into this workspace
     size = runtime.workspace_size("ssd_fwd", x=x, B=B, seq_idx=seq_idx, cu_seqlens=cu_seqlens)
     runtime.launch("ssd_fwd", x=x, dt=dt, A=A, B=B, C=C, out=out, chunk_size=chunk_size, D=D, z=z, dt_bias=dt_bias,
                    dt_softplus=dt_softplus, dt_limit=(dt_min, dt_max), initial_states=initial_states,

@@ -178,6 +178,10 @@ def check_call(call: BoundCall) -> None:
                 raise AliasingError(out.name, f"{out.name}: its memory overlaps {other.name}'s (bytes "
                                     f"[{span[0]:#x}, {span[1]:#x}) and [{other_span[0]:#x}, {other_span[1]:#x})); "
                                     "outputs must not share memory with inputs or other outputs")
+    for words in call.zeroed:  # set by cuMemsetD32Async: whole 32-bit words, one run
+        if words not in call.outputs or words.dtype not in ("int32", "fp32") or words.strides != (1,):
+            raise RuntimeError(f"{words.name}: a plan asked to zero {words.shape} {words.dtype} strides "
+                               f"{words.strides}, not a contiguous 1-D 32-bit output of its call (a plan bug)")
 
 
 def _checked_span(a: DeviceArray) -> tuple[int, int] | None:

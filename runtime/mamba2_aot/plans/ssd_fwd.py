@@ -64,16 +64,17 @@ entering each later segment, then every segment runs at once from its entering s
 ``chunk_states`` when the call asks for them (segments then start on chunk boundaries), else to the workspace.
 When it gives more CTAs than the GPU runs at once and the last wave would run part-empty (:func:`plan_handover`: the
 2.7B shape's 640 CTAs in 264 slots), a call without chunk_states is split into segments in one launch instead: each
-segment waits for the one before it to hand its end state over (through the workspace: every segment's end state in
-fp32, and flags that the runtime zeroes before the launch), so the waves are shorter and the last one fuller. The workspace: ``workspace_size("ssd_fwd", x=x, B=B, ...)`` bytes
-(batch · (segments - 1) · H · P · N fp32 for a states-only pass, batch · segments · H · P · N fp32 and the flags for a
-handover; 0 when the call is not split: pass its seq_idx, cu_seqlens, chunk_states and state arrays too for an exact
-answer, else it is the most a call with these x and B can use). Without a workspace, or with a smaller one, a
-states-only split takes as many segments as it holds, and a handover is not made (a workspace sized for one call
-serves every call). A workspace is checked like an input
-(device, overlaps) whether or not the call uses it; calls on several streams need one each. The results are bitwise
-those of the unsplit call (the same operations in the same order). Calls with ``seq_idx`` or ``cu_seqlens``, and
-calls that read and write one state pool in place, are not split.
+segment waits for the one before it to hand its end state over (through the workspace: the state entering every
+segment after the first in fp32, and flags that the runtime zeroes before the launch), so the waves are shorter and
+the last one fuller. The workspace: ``workspace_size("ssd_fwd", x=x, B=B, ...)`` bytes (batch · (segments - 1) · H
+· P · N fp32, and for a handover its flags; 0 when the call is not split: pass its seq_idx, cu_seqlens,
+chunk_states and state arrays too for an exact answer, else it is the most a call with these x and B can use).
+Without a workspace, or with a smaller one, a states-only split takes as many segments as it holds, and a handover
+is not made (a workspace sized for one call serves every call). A workspace is checked like an input (device,
+overlaps) whether or not the call uses it; calls on several streams need one each (a handover's flags shared by two
+streams' calls would be zeroed under a waiting segment: it would wait forever). The results are bitwise those of
+the unsplit call (the same operations in the same order). Calls with ``seq_idx`` or ``cu_seqlens``, and calls that
+read and write one state pool in place, are not split.
 """
 from __future__ import annotations
 
@@ -204,8 +205,9 @@ class SsdForwardPlan(CompositePlan):
         return (segments - 1) * _entering_state_bytes(batch, nheads, headdim, B.shape[3])
 
     def steps(self, *, workspace=None, **kwargs) -> list[tuple[str, BoundCall]]:
-        """Validate a call (see the module docstring) and bind its launches: the call itself, or a split call's
-        states-only pass and its segments. Raises the InvalidArgumentError subclasses."""
+        """Validate a call (see the module docstring) and bind its launches: the call itself, a split call's
+        states-only pass and its segments, or its segments handing their states over. Raises the
+        InvalidArgumentError subclasses."""
         call = self.bind(**kwargs)
         if workspace is not None:
             expect_workspace(workspace, "ssd_fwd")
@@ -306,13 +308,13 @@ def _entering_state_bytes(batch: int, nheads: int, headdim: int, d_state: int) -
 
 def _handover_bytes(batch: int, seqlen: int, nheads: int, headdim: int, d_state: int) -> tuple[int, int] | None:
     """Workspace bytes of a call whose segments hand their states over (:func:`plan_handover`), None for one that is
-    not run so: (every segment's end state in fp32, a 32-bit flag per CTA of the segments before the last, rounded
-    up to 16 bytes)."""
+    not run so: (the fp32 state entering each segment after the first, a 32-bit flag per CTA of the segments before
+    the last, rounded up to 16 bytes)."""
     segments, _ = plan_handover(batch, seqlen, nheads, headdim, d_state)
     if segments < 2:
         return None
     flags = (segments - 1) * batch * nheads * (headdim // P_TILE)
-    return segments * _entering_state_bytes(batch, nheads, headdim, d_state), -(-flags * 4 // 16) * 16
+    return (segments - 1) * _entering_state_bytes(batch, nheads, headdim, d_state), -(-flags * 4 // 16) * 16
 
 
 def block_states_call(call: BoundCall, states: DeviceArray) -> tuple[str, BoundCall]:
@@ -343,9 +345,10 @@ def _states_only(params: dict, **changes) -> dict:
 
 def split_call(call: BoundCall, workspace: DeviceArray | None) -> list[BoundCall]:
     """``call`` (bound by :meth:`SsdForwardPlan.bind`) as its launches: itself, or split along L (module
-    docstring) into a states-only pass and the segments. The entering states go to the call's chunk_states, or
-    to ``workspace`` (the segments it holds). A workspace the call does not use is still among its arrays, so
-    that it is checked (device, overlaps) whether or not the call is split."""
+    docstring) into segments, which hand their states over in one launch (a call over a wave of CTAs, with room for
+    it in ``workspace``) or follow a states-only pass. The entering states go to the call's chunk_states, or to
+    ``workspace`` (the segments it holds). A workspace the call does not use is still among its arrays, so that it
+    is checked (device, overlaps) whether or not the call is split."""
     p = call.params
     unsplit = [call if workspace is None else call._replace(inputs=call.inputs + (workspace,))]
     in_place = p["has_initial_states"] and p["initial_states"] == p["final_states"]
@@ -394,10 +397,11 @@ def _handover_call(call: BoundCall, workspace: DeviceArray) -> BoundCall | None:
     if sizes is None or workspace.shape[0] * 4 < sum(sizes):
         return None
     segments, segment_len = plan_handover(batch, seqlen, nheads, headdim, d_state)
-    # each segment's end state as the chunk state of a segment-long chunk: the next segment enters from it
-    states = workspace.region("workspace", 0, (batch, segments, nheads, headdim, d_state), "fp32")
+    # each segment's end state (but the last's) as the chunk state of a segment-long chunk: the next segment enters
+    # from it
+    states = workspace.region("workspace", 0, (batch, segments - 1, nheads, headdim, d_state), "fp32")
     flags = workspace.region("workspace", sizes[0], (sizes[1] // 4,), "int32")
-    params = dict(p, chunk_states=states.ptr, has_chunk_states=1, chunk_size=segment_len, nchunks=segments,
+    params = dict(p, chunk_states=states.ptr, has_chunk_states=1, chunk_size=segment_len, nchunks=segments - 1,
                   **dict(zip(stride_names("chunk_states", "batch", "chunk", "head"), states.strides)),
                   segments=segments, segment_len=segment_len, segment_flags=flags.ptr, has_segment_flags=1)
     return BoundCall(call.constants, _segments_grid(call.grid, segments), params, inputs=call.inputs,
