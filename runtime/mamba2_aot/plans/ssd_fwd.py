@@ -116,13 +116,18 @@ def _cta_slots(d_state: int) -> int:
     return CTA_SLOTS if d_state <= 128 else CTA_SLOTS // 2
 
 
+def _ctas(batch: int, nheads: int, headdim: int) -> int:
+    """CTAs of an unsplit call without packed sequences: one per (64 rows of P, head, row)."""
+    return batch * nheads * (headdim // P_TILE)
+
+
 def plan_segments(batch: int, seqlen: int, nheads: int, headdim: int, d_state: int, align: int = BLOCK,
                   most: int | None = None) -> tuple[int, int]:
     """(segments, segment_len) of a call: how many segments of L its rows are split into, and their length in
     tokens (a multiple of ``align``; the last segment may be shorter). Candidates: up to as many segments as the
     free CTA slots take (at most ``most``, each of at least MIN_SEGMENT tokens); the one the cost model says is
     fastest, or one segment (no split) when none beats the unsplit walk."""
-    ctas = batch * nheads * (headdim // P_TILE)
+    ctas = _ctas(batch, nheads, headdim)
     slots = _cta_slots(d_state)
     wanted = min(slots // max(ctas, 1), seqlen // MIN_SEGMENT, -(-seqlen // align))
     if most is not None:
@@ -142,7 +147,7 @@ def plan_handover(batch: int, seqlen: int, nheads: int, headdim: int, d_state: i
     hand their states over; (1, seqlen) when that does not pay. Its last wave runs part-empty (the 2.7B shape's 640
     CTAs take three waves of 264), and k segments per row make the waves k times shorter: the walk takes
     ceil(k · CTAs / slots) / k row times instead of ceil(CTAs / slots)."""
-    ctas = batch * nheads * (headdim // P_TILE)
+    ctas = _ctas(batch, nheads, headdim)
     slots = _cta_slots(d_state)
     best_cost, best = HANDOVER_GAIN * -(-ctas // slots), (1, seqlen)
     if ctas <= slots:  # one wave: a segment would only wait for the one before it
@@ -198,9 +203,9 @@ class SsdForwardPlan(CompositePlan):
         expect_rank(x, 4, "(batch, seqlen, nheads, headdim)")
         expect_rank(B, 4, "(batch, seqlen, ngroups, d_state)")
         batch, seqlen, nheads, headdim = x.shape
-        handover = _handover_bytes(batch, seqlen, nheads, headdim, B.shape[3])
-        if handover:
-            return sum(handover)
+        segments, _ = plan_handover(batch, seqlen, nheads, headdim, B.shape[3])
+        if segments > 1:
+            return sum(_handover_bytes(batch, segments, nheads, headdim, B.shape[3]))
         segments, _ = plan_segments(batch, seqlen, nheads, headdim, B.shape[3])
         return (segments - 1) * _entering_state_bytes(batch, nheads, headdim, B.shape[3])
 
@@ -306,15 +311,21 @@ def _entering_state_bytes(batch: int, nheads: int, headdim: int, d_state: int) -
     return batch * nheads * headdim * d_state * 4
 
 
-def _handover_bytes(batch: int, seqlen: int, nheads: int, headdim: int, d_state: int) -> tuple[int, int] | None:
-    """Workspace bytes of a call whose segments hand their states over (:func:`plan_handover`), None for one that is
-    not run so: (the fp32 state entering each segment after the first, a 32-bit flag per CTA of the segments before
-    the last, rounded up to 16 bytes)."""
-    segments, _ = plan_handover(batch, seqlen, nheads, headdim, d_state)
-    if segments < 2:
-        return None
-    flags = (segments - 1) * batch * nheads * (headdim // P_TILE)
+def _handover_bytes(batch: int, segments: int, nheads: int, headdim: int, d_state: int) -> tuple[int, int]:
+    """Workspace bytes of a call whose segments hand their states over: (the fp32 state entering each segment after
+    the first, a 32-bit flag per CTA of the segments before the last, rounded up to 16 bytes)."""
+    flags = (segments - 1) * _ctas(batch, nheads, headdim)
     return (segments - 1) * _entering_state_bytes(batch, nheads, headdim, d_state), -(-flags * 4 // 16) * 16
+
+
+def _entering_states(call: BoundCall, workspace: DeviceArray, segments: int, segment_len: int) -> tuple:
+    """The workspace's first (batch, segments - 1, H, P, N) fp32, the states entering the segments after the first,
+    as the kernel's chunk states of segment-long chunks: (that region, the kernel parameters that name it)."""
+    p, constants = call.params, call.constants
+    entering = workspace.region("workspace", 0, (p["batch"], segments - 1, p["nheads"], constants["headdim"],
+                                                 constants["d_state"]), "fp32")
+    return entering, {"chunk_states": entering.ptr, "chunk_size": segment_len, "nchunks": segments - 1,
+                      **dict(zip(stride_names("chunk_states", "batch", "chunk", "head"), entering.strides))}
 
 
 def block_states_call(call: BoundCall, states: DeviceArray) -> tuple[str, BoundCall]:
@@ -371,10 +382,8 @@ def split_call(call: BoundCall, workspace: DeviceArray | None) -> list[BoundCall
         return unsplit
     if own_chunks:  # already the kernel's chunk_states, with the call's chunk size
         entering, entering_params, also_read = next(a for a in call.outputs if a.name == "chunk_states"), {}, ()
-    else:  # the workspace's first segments - 1 states, as chunk states of one segment each
-        entering = workspace.region("workspace", 0, (batch, segments - 1, nheads, headdim, d_state), "fp32")
-        entering_params = {"chunk_states": entering.ptr, "chunk_size": segment_len, "nchunks": segments - 1,
-                           **dict(zip(stride_names("chunk_states", "batch", "chunk", "head"), entering.strides))}
+    else:
+        entering, entering_params = _entering_states(call, workspace, segments, segment_len)
         also_read = (entering,)
     # the states-only pass: the first segments as one shorter call, its chunk states the entering states
     walked = (segments - 1) * segment_len
@@ -393,17 +402,17 @@ def _handover_call(call: BoundCall, workspace: DeviceArray) -> BoundCall | None:
     p = call.params
     batch, seqlen, nheads = p["batch"], p["seqlen"], p["nheads"]
     headdim, d_state = call.constants["headdim"], call.constants["d_state"]
-    sizes = _handover_bytes(batch, seqlen, nheads, headdim, d_state)
-    if sizes is None or workspace.shape[0] * 4 < sum(sizes):
-        return None
     segments, segment_len = plan_handover(batch, seqlen, nheads, headdim, d_state)
-    # each segment's end state (but the last's) as the chunk state of a segment-long chunk: the next segment enters
-    # from it
-    states = workspace.region("workspace", 0, (batch, segments - 1, nheads, headdim, d_state), "fp32")
-    flags = workspace.region("workspace", sizes[0], (sizes[1] // 4,), "int32")
-    params = dict(p, chunk_states=states.ptr, has_chunk_states=1, chunk_size=segment_len, nchunks=segments - 1,
-                  **dict(zip(stride_names("chunk_states", "batch", "chunk", "head"), states.strides)),
-                  segments=segments, segment_len=segment_len, segment_flags=flags.ptr, has_segment_flags=1)
+    if segments < 2:
+        return None
+    states_bytes, flags_bytes = _handover_bytes(batch, segments, nheads, headdim, d_state)
+    if workspace.shape[0] * 4 < states_bytes + flags_bytes:
+        return None
+    # each segment's end state (but the last's) is the chunk state the next segment enters from
+    states, entering_params = _entering_states(call, workspace, segments, segment_len)
+    flags = workspace.region("workspace", states_bytes, (flags_bytes // 4,), "int32")
+    params = dict(p, **entering_params, has_chunk_states=1, segments=segments, segment_len=segment_len,
+                  segment_flags=flags.ptr, has_segment_flags=1)
     return BoundCall(call.constants, _segments_grid(call.grid, segments), params, inputs=call.inputs,
                      outputs=call.outputs + (states, flags), zeroed=(flags,))
 
