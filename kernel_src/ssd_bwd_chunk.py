@@ -27,7 +27,17 @@ gradient over heads that Triton's backward casts to fp16 must): every gradient i
 fixed order, so the result is bitwise reproducible. When that gives too few CTAs to fill the GPU, the group's heads
 are split over ``head_splits`` CTAs, each writing its share of dB and dC in fp32 to ``group_grads`` for
 ``ssd_bwd_reduce`` to add in split order. Per-(block, head) partial sums of dD (per P column), dA and ddt_bias go to
-``partials`` and are summed in a fixed order by ``ssd_bwd_reduce``. The products are bf16 / fp16 MMAs with fp32
+``partials`` and are summed in a fixed order by ``ssd_bwd_reduce``.
+
+A head of P128 N128 does not fit in shared memory whole: the kernel walks it as ``head_slices`` = 2 heads of 64
+columns of P (the "kernel's heads": h → real head h // 2, columns 64·(h % 2) on), with P64 N128's shared memory and
+code. Q = G·xᵀ, G·y0, x·U and ⟨dh_end, h₀⟩ are sums over P, and everything above is linear in them, the W / V / S
+terms, dB and dC included (Σ V sums over the kernel's heads), so each slice's row pass yields its share of dΔ, ddt,
+dA and ddt_bias: the first slice keeps its shares in shared memory (``carry``) and the last adds them before it writes
+ddt and the partials (fp32, in slice order). dx, dz and dD are per column. The runtime's call is the same as for any
+variant (real heads; the kernel maps its heads through nested head modes of its views).
+
+The products are bf16 / fp16 MMAs with fp32
 accumulation (wgmma on sm_90a, warp MMAs elsewhere; operands rounded as the forward rounds them); everything per row
 and the sums are fp32, but for dz's factor dout ⊙ silu'(z), rounded to the I/O dtype while it waits in dz.
 
@@ -97,6 +107,11 @@ class SsdBackwardChunk:
     def __init__(self, headdim: int, d_state: int, io_dtype: str, state_dtype: str):
         expect_constants(self, headdim=headdim, d_state=d_state, io_dtype=io_dtype, state_dtype=state_dtype)
         self.headdim, self.d_state, self.io_dtype, self.state_dtype = headdim, d_state, io_dtype, state_dtype
+        # A head of more than 64 × 128 state values (P128 N128) does not fit in shared memory whole: it is walked as
+        # head_slices heads of 64 columns of P each (the kernel's heads), whose ddt and dA / ddt_bias shares add up
+        # (every gradient is linear in the per-column terms; module docstring).
+        self.head_slices = headdim // 64 if headdim * d_state > 64 * 128 else 1
+        self.columns = headdim // self.head_slices   # the columns of P a kernel head holds
         self.warps = (WARP_ROWS, WARP_COLUMNS)
         self.cluster = (1, 1, 1)
         self.dynamic_smem = self._shared_storage(cutlass_dtype(io_dtype)).size_in_bytes()
@@ -165,21 +180,31 @@ class SsdBackwardChunk:
     @cute.kernel
     def kernel(self, args: tuple):
         a = bind(self.params(), args)
-        P, N = self.headdim, self.d_state
+        P, N = self.columns, self.d_state
         io_type = cutlass_dtype(self.io_dtype)
         blk, group_split, row = cute.arch.block_idx()
         g = group_split // a.head_splits
         split = group_split % a.head_splits
-        heads_per_split = a.heads_per_group // a.head_splits
+        heads_per_group = a.heads_per_group * self.head_slices   # the kernel's heads (head_slices)
+        heads_per_split = heads_per_group // a.head_splits
         tid, _, _ = cute.arch.thread_idx()
         L, H = a.seqlen, a.nheads
         G = H // a.heads_per_group
         block_start = blk * TILE
         rows = cute.math.min(L - block_start, Int32(TILE))
 
+        def heads(stride, slice_stride):  # a per-head array's head mode, indexed by the kernel's head
+            return self._head_mode(H, stride, slice_stride)
+
         def per_head(pointer, name):  # a (batch, L, H, P) array whose rows move in 16-byte vectors
-            return view(pointer, (a.batch, L, H, P), vec(getattr(a, f"stride_{name}_batch")),
-                        vec(getattr(a, f"stride_{name}_seqlen")), vec(getattr(a, f"stride_{name}_head")), 1)
+            head_shape, head_stride = heads(vec(getattr(a, f"stride_{name}_head")), P)
+            return view(pointer, (a.batch, L, head_shape, P), vec(getattr(a, f"stride_{name}_batch")),
+                        vec(getattr(a, f"stride_{name}_seqlen")), head_stride, 1)
+
+        def per_token(pointer, name):  # a (batch, L, H) array
+            head_shape, head_stride = heads(getattr(a, f"stride_{name}_head"), 0)
+            return view(pointer, (a.batch, L, head_shape), getattr(a, f"stride_{name}_batch"),
+                        getattr(a, f"stride_{name}_seqlen"), head_stride)
 
         def per_group(pointer, name, vector):
             batch_stride = getattr(a, f"stride_{name}_batch")
@@ -190,40 +215,45 @@ class SsdBackwardChunk:
             return view(pointer, (a.batch, L, G, N), batch_stride, seq_stride, group_stride, 1)
 
         def state_blocks(pointer, name, first, first_dim):  # (first, H, P, N) with contiguous P × N blocks
-            return view(pointer, (first, H, P, N), getattr(a, f"stride_{name}_{first_dim}"),
-                        getattr(a, f"stride_{name}_head"), N, 1)
+            head_shape, head_stride = heads(getattr(a, f"stride_{name}_head"), P * N)
+            return view(pointer, (first, head_shape, P, N), getattr(a, f"stride_{name}_{first_dim}"), head_stride,
+                        N, 1)
 
+        def block_states(pointer, name):  # the workspace's (batch, nblocks, H, P, N)
+            head_shape, head_stride = heads(vec(getattr(a, f"stride_{name}_head")), P * N)
+            return view(pointer, (a.batch, a.nblocks, head_shape, P, N), vec(getattr(a, f"stride_{name}_batch")),
+                        vec(getattr(a, f"stride_{name}_block")), head_stride, N, 1)
+
+        D_heads, D_head_stride = heads(a.stride_D_head, P * a.stride_D_dim)
+        partial_heads, partial_head_stride = heads(a.stride_partials_head, P)
         t = Tensors(
             x=per_head(a.x, "x"), z=per_head(a.z, "z"),
             dout=per_head(a.dout, "dout"), dx=per_head(a.dx, "dx"), dz=per_head(a.dz, "dz"),
-            dt=view(a.dt, (a.batch, L, H), a.stride_dt_batch, a.stride_dt_seqlen, a.stride_dt_head),
-            ddt=view(a.ddt, (a.batch, L, H), a.stride_ddt_batch, a.stride_ddt_seqlen, a.stride_ddt_head),
+            dt=per_token(a.dt, "dt"), ddt=per_token(a.ddt, "ddt"),
             B=per_group(a.B, "B", True), C=per_group(a.C, "C", True),
             dB=per_group(a.dB, "dB", False), dC=per_group(a.dC, "dC", False),
-            D=view(a.D, (H, P), a.stride_D_head, a.stride_D_dim),
+            D=view(a.D, (D_heads, P), D_head_stride, a.stride_D_dim),
             initial=state_blocks(a.initial_states, "initial_states", a.num_initial_slots, "slot"),
             initial_indices=view(a.initial_state_indices, (a.num_seqs,), a.stride_initial_state_indices_seq),
             dfinal=state_blocks(a.dfinal_states, "dfinal_states", a.num_seqs, "seq"),
-            states=view(a.states, (a.batch, a.nblocks, H, P, N), vec(a.stride_states_batch),
-                        vec(a.stride_states_block), vec(a.stride_states_head), N, 1),
-            dstates=view(a.dstates, (a.batch, a.nblocks, H, P, N), vec(a.stride_dstates_batch),
-                         vec(a.stride_dstates_block), vec(a.stride_dstates_head), N, 1),
-            partials=view(a.partials, (a.batch, a.nblocks, H, P + PARTIAL_EXTRA), a.stride_partials_batch,
-                          a.stride_partials_block, a.stride_partials_head, 1),
+            states=block_states(a.states, "states"), dstates=block_states(a.dstates, "dstates"),
+            # (with head slices, a head's dA and ddt_bias shares land after its last slice's P columns: at P + 0, 1)
+            partials=view(a.partials, (a.batch, a.nblocks, partial_heads, P + PARTIAL_EXTRA), a.stride_partials_batch,
+                          a.stride_partials_block, partial_head_stride, 1),
             group_grads=view(a.group_grads, (2, a.head_splits, a.batch, L, G, N), a.stride_group_grads_grad,
                              a.stride_group_grads_split, a.stride_group_grads_batch, a.stride_group_grads_seqlen,
                              a.stride_group_grads_group, 1),
         )
 
         storage = cutlass.utils.SmemAllocator().allocate(self._shared_storage(io_type))
-        sm = Shared(storage, P, N)
+        sm = Shared(storage, P, N, self.head_slices)
 
         mma = self._mma(io_type, tid)
         g2s = async_tile_copy(io_type, THREADS)
 
         if cute.arch.warp_idx() == 0:
             self._sequence_map(a, sm, row, block_start, rows, cute.arch.lane_idx())
-        first_head = g * a.heads_per_group + split * heads_per_split
+        first_head = g * heads_per_group + split * heads_per_split
         if cutlass.const_expr(self.warp_specialized):
             if cute.arch.warp_idx() < WARPS:
                 cute.arch.warpgroup_reg_alloc(PRODUCT_REGISTERS)
@@ -243,6 +273,18 @@ class SsdBackwardChunk:
             self._sync_all()
             self._group(a, t, sm, mma, g2s, row, g, split, first_head, heads_per_split, blk, block_start, rows, tid,
                         io_type)
+
+    def _head_mode(self, nheads, stride, slice_stride):
+        """(shape, stride) of a per-head array's head mode, indexed by the kernel's head h: real head h // head_slices,
+        its slice h % head_slices (of P columns, ``slice_stride`` apart; 0 for per-head values the slices share)."""
+        if self.head_slices == 1:
+            return nheads, stride
+        return (self.head_slices, nheads), (slice_stride, stride)
+
+    def _per_head(self, a, pointer, stride):
+        """An (H,) fp32 array (A, dt_bias), indexed by the kernel's head."""
+        shape, head_stride = self._head_mode(a.nheads, stride, 0)
+        return view(pointer, (shape,), head_stride)
 
     @cute.jit
     def _load_BC(self, a, t, sm, mma, g2s, row, g, blk, L, tid):
@@ -305,10 +347,10 @@ class SsdBackwardChunk:
     def _dD_partials(self, t, sm, row, blk, h, lane):
         """The dD warp: head h's dD partial sums of the block, Σ_i G_ip x_ip, into partials."""
         sums = self._dD_columns(sm, lane, 32)
-        partials = t.partials
-        if lane < self.headdim // CHUNK:
+        head_partials = t.partials[row, blk, h, None]
+        if lane < self.columns // CHUNK:
             for e in cutlass.range_constexpr(CHUNK):
-                partials[row, blk, h, lane * CHUNK + e] = sums[e]
+                head_partials[lane * CHUNK + e] = sums[e]
 
     @cute.jit
     def _row_head(self, a, t, sm, row, h, has_next, blk, block_start, rows, landed_end, lane,
@@ -382,7 +424,8 @@ class SsdBackwardChunk:
         return make_mma(io_type, tid, self.warps, warpgroups=2 if self.target_arch == "sm_90a" else 0)
 
     def _shared_storage(self, io_type):
-        P, N = self.headdim, self.d_state
+        P, N = self.columns, self.d_state
+        head_slices = self.head_slices
 
         @cute.struct
         class SharedStorage:
@@ -421,6 +464,8 @@ class SsdBackwardChunk:
             V_sum: cute.struct.Align[cute.struct.MemRange[Float32, TILE * TILE], SMEM_ALIGN]
             dB: cute.struct.Align[cute.struct.MemRange[Float32, TILE * N], SMEM_ALIGN]   # the group's dB, parked
             dC: cute.struct.Align[cute.struct.MemRange[Float32, TILE * N], SMEM_ALIGN]
+            if head_slices > 1:  # a real head's ddt and partials over its slices (_add_slices)
+                carry: cute.struct.Align[cute.struct.MemRange[Float32, TILE + PARTIAL_EXTRA], SMEM_ALIGN]
 
         return SharedStorage
 
@@ -532,7 +577,7 @@ class SsdBackwardChunk:
         warp) and the block's ``first_run`` (start, end, whether its states land from the workspace); returns the
         next head's dt, which warp 0 loads during this head's last steps."""
         sm = sm.for_head(h % 2)
-        P = self.headdim
+        P = self.columns
         L = a.seqlen
         warp_id = cute.arch.warp_idx()
         lane = cute.arch.lane_idx()
@@ -620,7 +665,7 @@ class SsdBackwardChunk:
     def _prefetch_states(self, t, row, h, blk):
         """Head h's states of the block (the workspace's h₀ and dh_end, what a run continuing a sequence and ending
         at the block's end reads) into L2, while the head before it runs: its prologue then waits on L2, not HBM."""
-        P, N = self.headdim, self.d_state
+        P, N = self.columns, self.d_state
         for block in (t.states[row, cute.math.max(blk - 1, Int32(0)), h, None, None],
                       t.dstates[row, blk, h, None, None]):
             cp_async_bulk_prefetch(block.iterator, P * N * (block.element_type.width // 8))
@@ -630,7 +675,7 @@ class SsdBackwardChunk:
         """Head h's rows of x, dout and z into L2 while the head before it runs, a 128-byte line per thread and step
         (the prologue's tile loads waited on HBM). Per-line prefetches: bulk ones of the rows were slower."""
         per_line = 128 * 8 // t.x.element_type.width
-        lines = cute.ceil_div(self.headdim, per_line)
+        lines = cute.ceil_div(self.columns, per_line)
         for step in cutlass.range_constexpr(cute.ceil_div(3 * TILE * lines, THREADS)):
             k = step * THREADS + tid
             s = k // (3 * lines)
@@ -654,12 +699,12 @@ class SsdBackwardChunk:
         raw1 = t.dt.element_type(0.0)
         bias = Float32(0.0)
         if a.has_dt_bias != 0:
-            bias = view(a.dt_bias, (a.nheads,), a.stride_dt_bias_head)[h]
+            bias = self._per_head(a, a.dt_bias, a.stride_dt_bias_head)[h]
         if sm.seq[lane] >= 0:
             raw0 = t.dt[row, block_start + lane, h]
         if sm.seq[lane + 32] >= 0:
             raw1 = t.dt[row, block_start + lane + 32, h]
-        return raw0, raw1, bias, view(a.A, (a.nheads,), a.stride_A_head)[h]
+        return raw0, raw1, bias, self._per_head(a, a.A, a.stride_A_head)[h]
 
     @cute.jit
     def _scan_head(self, a, sm, head_dt, lane):
@@ -688,7 +733,7 @@ class SsdBackwardChunk:
     def _gate(self, t, sm, sZ, row, h, block_start, rows, tid, io_type: cutlass.Constexpr):
         """G = dout ⊙ silu(z) over dout's tile, and dout ⊙ silu'(z) (zero outside every sequence) into dz, where
         _finish multiplies it by y once the head's y is known (shared memory has no room to keep it)."""
-        P = self.headdim
+        P = self.columns
         per_row = THREADS // TILE
         s = tid // per_row
         part = tid % per_row
@@ -738,7 +783,7 @@ class SsdBackwardChunk:
         """cp.async of head h's h₀ and dh_end of the first run straight into their tiles (the I/O dtype, as the
         products take them) when ``landed``, they are the workspace's (:meth:`_states_from_workspace`); the head's
         tile wait covers them. Issued as soon as the tiles are free, so that they are off the head's critical path."""
-        P, N = self.headdim, self.d_state
+        P, N = self.columns, self.d_state
         if landed != 0:
             thr = g2s.get_slice(tid)
             whole = cute.make_identity_tensor((P, N))
@@ -755,7 +800,7 @@ class SsdBackwardChunk:
     def _states_dot(self, sm, q, threads: int, dst):
         """⟨dh_end, h₀⟩ (fp32) from the landed states tiles by ``threads`` threads (q: this one's index among them):
         dst[q // 32] = the share of q's warp (with THREADS, the vectors and order of :meth:`_load_states`)."""
-        P, N = self.headdim, self.d_state
+        P, N = self.columns, self.d_state
         dot = Float32(0.0)
         for k in cutlass.range(P * N // (threads * CHUNK), unroll=2):
             p, chunk = self._state_vector(q, k, threads)
@@ -771,7 +816,7 @@ class SsdBackwardChunk:
     def _load_states(self, a, t, sm, row, h, blk, s0, s1, rows, tid, io_type: cutlass.Constexpr):
         """The states entering (h₀) and leaving (dh_end) the run [s0, s1) into shared memory in the I/O dtype, and
         each warp's share of their fp32 dot product ⟨dh_end, h₀⟩."""
-        P, N = self.headdim, self.d_state
+        P, N = self.columns, self.d_state
         seq = sm.seq[s0]
         # h₀: the forward's state after the previous block when the run continues a sequence, else the initial one
         h0_valid = Int32(0)
@@ -843,7 +888,7 @@ class SsdBackwardChunk:
         memory) with their row and column sums, and the products with the states entering (h₀) and leaving
         (dh_end) it. ``landed_run``: 1 when its states landed from the workspace and side warps take their dot
         product (the row pass then adds its term), else 0."""
-        P, N = self.headdim, self.d_state
+        P, N = self.columns, self.d_state
         zero = Float32(0.0)
         base = zero
         if s0 > 0:
@@ -970,7 +1015,7 @@ class SsdBackwardChunk:
                 tid, io_type: cutlass.Constexpr):
         """The head's products with S, dx, dz, ddt and the partial sums; returns the next head's dt (warp 0, without
         a row warp)."""
-        P = self.headdim
+        P = self.columns
         warp_id = cute.arch.warp_idx()
         lane = cute.arch.lane_idx()
         zero = Float32(0.0)
@@ -1028,7 +1073,7 @@ class SsdBackwardChunk:
     def _dz(self, t, sm, mma, acc_y, row, h, blk, rows):
         """dz = y ⊙ (dout ⊙ silu'(z)), the factor as _gate left it in dz, with y = S·x + y0 + D ⊙ x the forward's
         output before the gate (y0, the entering states' share, summed by the runs into acc_y)."""
-        P = self.headdim
+        P = self.columns
         mma.gemm(acc_y, sm.S, transposed(sm.x, TILE, P), TILE // 16, b_transposed=True)
         Y = mn_view(acc_y)
         coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P))))
@@ -1055,7 +1100,7 @@ class SsdBackwardChunk:
         """Σ_i G_ip x_ip over the block's rows inside a sequence, by ``threads`` threads (q: this one's index among
         them): each takes one 16-byte column chunk of every (threads / chunks)-th row and the warp adds its rows by
         shuffles; returns, in lane c < P / 8 of each warp, the warp's sums of chunk c's 8 columns."""
-        P = self.headdim
+        P = self.columns
         chunks = P // CHUNK
         groups = threads // chunks
         chunk = q % chunks
@@ -1131,9 +1176,9 @@ class SsdBackwardChunk:
         """Warp 1 or the row warp: dΛ per row, its suffix sums within each run (da), dΔ, ddt, and the dA / ddt_bias
         partials. ``landed_end``: with side warps, the end of the first run when its states landed (else 0), whose
         entering state's term this pass adds from the dot warps' sums."""
-        P = self.headdim
+        P = self.columns
         zero = Float32(0.0)
-        A = view(a.A, (a.nheads,), a.stride_A_head)[h]
+        A = self._per_head(a, a.A, a.stride_A_head)[h]
         landed_term = zero
         if cutlass.const_expr(self.warp_specialized):
             if landed_end > 0:  # (the run starts at row 0: its base cumsum is 0)
@@ -1178,12 +1223,36 @@ class SsdBackwardChunk:
                 ddt = d_delta * sm.slope[i]
                 bias_part = bias_part + ddt
             if i < rows:
-                ddt_out[row, block_start + i, h] = ddt.to(io_type)
+                if cutlass.const_expr(self.head_slices == 1):
+                    ddt_out[row, block_start + i, h] = ddt.to(io_type)
+                else:
+                    ddt = self._add_slices(sm.carry, i, ddt, h)
+                    if h % self.head_slices == self.head_slices - 1:
+                        ddt_out[row, block_start + i, h] = ddt.to(io_type)
         dA_part = _warp_sum(dA_part)
         bias_part = _warp_sum(bias_part)
         if lane == 0:
-            partials[row, blk, h, P] = dA_part
-            partials[row, blk, h, P + 1] = bias_part
+            if cutlass.const_expr(self.head_slices == 1):
+                partials[row, blk, h, P] = dA_part
+                partials[row, blk, h, P + 1] = bias_part
+            else:
+                dA_part = self._add_slices(sm.carry, TILE, dA_part, h)
+                bias_part = self._add_slices(sm.carry, TILE + 1, bias_part, h)
+                if h % self.head_slices == self.head_slices - 1:
+                    partials[row, blk, h, P] = dA_part
+                    partials[row, blk, h, P + 1] = bias_part
+
+    @cute.jit
+    def _add_slices(self, carry, k, value, h):
+        """With head slices, the kernel's head h's ``value`` of a real head's sum (a row's ddt, the dA or ddt_bias
+        partial) plus the earlier slices' share, kept at carry[k] for the next slice; the last slice's is the head's.
+        (One thread writes and reads carry[k], for every slice in turn.)"""
+        slice_ = h % self.head_slices
+        if slice_ > 0:
+            value = value + carry[k]
+        if slice_ < self.head_slices - 1:
+            carry[k] = value
+        return value
 
 
 class Tensors:
@@ -1196,7 +1265,7 @@ class Tensors:
 class Shared:
     """The shared-memory tiles and arrays of the CTA, by role."""
 
-    def __init__(self, storage, P, N):
+    def __init__(self, storage, P, N, head_slices):
         self.B = storage.B.get_tensor(smem_layout((TILE, N)))
         self.C = storage.C.get_tensor(smem_layout((TILE, N)))
         self.x = storage.x.get_tensor(smem_layout((TILE, P)))
@@ -1230,6 +1299,8 @@ class Shared:
         self.dx = cute.make_tensor(cute.recast_ptr(self.Q.iterator, dtype=self.x.element_type), smem_layout((TILE, P)))
         self.dB = storage.dB.get_tensor(_parking(N))
         self.dC = storage.dC.get_tensor(_parking(N))
+        if head_slices > 1:
+            self.carry = storage.carry.get_tensor(cute.make_layout((TILE + PARTIAL_EXTRA,)))
 
     def for_head(self, parity):
         """The same arrays, with delta, cs and slope those of a head of this parity (0 or 1)."""

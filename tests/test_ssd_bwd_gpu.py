@@ -228,6 +228,27 @@ def test_group_gradients_with_and_without_head_splits(target_ctas, monkeypatch):
     _check(got, _oracle(inputs, dout, dfinal))
 
 
+@pytest.mark.parametrize("packing", ["cu_seqlens", "seq_idx"])
+def test_heads_walked_in_slices_of_P(packing, monkeypatch):
+    """P128 N128: ssd_bwd_chunk walks each head as two 64-column slices of P (the whole head does not fit in shared
+    memory), whose shares of ddt, dA and ddt_bias it adds. Packed sequences starting inside blocks (several runs per
+    block, so several state loads per slice), two groups with their heads split over CTAs, dt_bias, D (H, P), z,
+    initial and final states: every gradient against the oracle, and bitwise equal on a second run."""
+    from mamba2_aot.plans import ssd_bwd
+    _require(128, 128)
+    monkeypatch.setattr(ssd_bwd, "TARGET_CTAS", 10**6)  # (heads split over CTAs: each split holds whole heads)
+    inputs = generators.packed_inputs(8, 128, 128, 2, torch.bfloat16, seed=31, chunk_size=64, lengths=[70, 1, 93, 64],
+                                      D="HP", z=True)
+    del inputs["cu_seqlens" if packing == "seq_idx" else "seq_idx"]
+    assert ssd_bwd.head_splits(1, 4, 2, 4) > 1
+    dout, dfinal = _dout(inputs, 31), _dfinal(inputs, 31)
+    got, _ = _backward(inputs, dout, dfinal)
+    _check(got, _oracle(inputs, dout, dfinal))
+    again, _ = _backward(inputs, dout, dfinal)
+    for name in got:
+        assert torch.equal(got[name], again[name]), name
+
+
 def test_few_ctas_over_a_long_length():
     """Few CTAs over a long L (a forward call this shape would be split along L; the backward's recompute is the
     states-only walk, never split): every gradient against the oracle."""
