@@ -193,8 +193,16 @@ class SsdBackwardChunk:
         block_start = blk * TILE
         rows = cute.math.min(L - block_start, Int32(TILE))
 
-        def heads(stride, slice_stride):  # a per-head array's head mode, indexed by the kernel's head
-            return self._head_mode(H, stride, slice_stride)
+        def heads(stride, slice_stride):
+            # a per-head array's head mode, indexed by the kernel's head h: real head h // head_slices, its slice
+            # h % head_slices (of P columns, slice_stride apart; 0 for per-head values the slices share)
+            if cutlass.const_expr(self.head_slices == 1):
+                return H, stride
+            return (self.head_slices, H), (slice_stride, stride)
+
+        def per_head_value(pointer, name):  # an (H,) fp32 array
+            head_shape, head_stride = heads(getattr(a, f"stride_{name}_head"), 0)
+            return view(pointer, (head_shape,), head_stride)
 
         def per_head(pointer, name):  # a (batch, L, H, P) array whose rows move in 16-byte vectors
             head_shape, head_stride = heads(vec(getattr(a, f"stride_{name}_head")), P)
@@ -230,6 +238,7 @@ class SsdBackwardChunk:
             x=per_head(a.x, "x"), z=per_head(a.z, "z"),
             dout=per_head(a.dout, "dout"), dx=per_head(a.dx, "dx"), dz=per_head(a.dz, "dz"),
             dt=per_token(a.dt, "dt"), ddt=per_token(a.ddt, "ddt"),
+            A=per_head_value(a.A, "A"), dt_bias=per_head_value(a.dt_bias, "dt_bias"),
             B=per_group(a.B, "B", True), C=per_group(a.C, "C", True),
             dB=per_group(a.dB, "dB", False), dC=per_group(a.dC, "dC", False),
             D=view(a.D, (D_heads, P), D_head_stride, a.stride_D_dim),
@@ -273,18 +282,6 @@ class SsdBackwardChunk:
             self._sync_all()
             self._group(a, t, sm, mma, g2s, row, g, split, first_head, heads_per_split, blk, block_start, rows, tid,
                         io_type)
-
-    def _head_mode(self, nheads, stride, slice_stride):
-        """(shape, stride) of a per-head array's head mode, indexed by the kernel's head h: real head h // head_slices,
-        its slice h % head_slices (of P columns, ``slice_stride`` apart; 0 for per-head values the slices share)."""
-        if self.head_slices == 1:
-            return nheads, stride
-        return (self.head_slices, nheads), (slice_stride, stride)
-
-    def _per_head(self, a, pointer, stride):
-        """An (H,) fp32 array (A, dt_bias), indexed by the kernel's head."""
-        shape, head_stride = self._head_mode(a.nheads, stride, 0)
-        return view(pointer, (shape,), head_stride)
 
     @cute.jit
     def _load_BC(self, a, t, sm, mma, g2s, row, g, blk, L, tid):
@@ -699,12 +696,12 @@ class SsdBackwardChunk:
         raw1 = t.dt.element_type(0.0)
         bias = Float32(0.0)
         if a.has_dt_bias != 0:
-            bias = self._per_head(a, a.dt_bias, a.stride_dt_bias_head)[h]
+            bias = t.dt_bias[h]
         if sm.seq[lane] >= 0:
             raw0 = t.dt[row, block_start + lane, h]
         if sm.seq[lane + 32] >= 0:
             raw1 = t.dt[row, block_start + lane + 32, h]
-        return raw0, raw1, bias, self._per_head(a, a.A, a.stride_A_head)[h]
+        return raw0, raw1, bias, t.A[h]
 
     @cute.jit
     def _scan_head(self, a, sm, head_dt, lane):
@@ -1178,7 +1175,7 @@ class SsdBackwardChunk:
         entering state's term this pass adds from the dot warps' sums."""
         P = self.columns
         zero = Float32(0.0)
-        A = self._per_head(a, a.A, a.stride_A_head)[h]
+        A = t.A[h]
         landed_term = zero
         if cutlass.const_expr(self.warp_specialized):
             if landed_end > 0:  # (the run starts at row 0: its base cumsum is 0)
@@ -1223,35 +1220,30 @@ class SsdBackwardChunk:
                 ddt = d_delta * sm.slope[i]
                 bias_part = bias_part + ddt
             if i < rows:
-                if cutlass.const_expr(self.head_slices == 1):
+                ddt = self._add_slices(sm, i, ddt, h)
+                if h % self.head_slices == self.head_slices - 1:
                     ddt_out[row, block_start + i, h] = ddt.to(io_type)
-                else:
-                    ddt = self._add_slices(sm.carry, i, ddt, h)
-                    if h % self.head_slices == self.head_slices - 1:
-                        ddt_out[row, block_start + i, h] = ddt.to(io_type)
         dA_part = _warp_sum(dA_part)
         bias_part = _warp_sum(bias_part)
         if lane == 0:
-            if cutlass.const_expr(self.head_slices == 1):
+            dA_part = self._add_slices(sm, TILE, dA_part, h)
+            bias_part = self._add_slices(sm, TILE + 1, bias_part, h)
+            if h % self.head_slices == self.head_slices - 1:
                 partials[row, blk, h, P] = dA_part
                 partials[row, blk, h, P + 1] = bias_part
-            else:
-                dA_part = self._add_slices(sm.carry, TILE, dA_part, h)
-                bias_part = self._add_slices(sm.carry, TILE + 1, bias_part, h)
-                if h % self.head_slices == self.head_slices - 1:
-                    partials[row, blk, h, P] = dA_part
-                    partials[row, blk, h, P + 1] = bias_part
 
     @cute.jit
-    def _add_slices(self, carry, k, value, h):
-        """With head slices, the kernel's head h's ``value`` of a real head's sum (a row's ddt, the dA or ddt_bias
-        partial) plus the earlier slices' share, kept at carry[k] for the next slice; the last slice's is the head's.
-        (One thread writes and reads carry[k], for every slice in turn.)"""
-        slice_ = h % self.head_slices
-        if slice_ > 0:
-            value = value + carry[k]
-        if slice_ < self.head_slices - 1:
-            carry[k] = value
+    def _add_slices(self, sm, k, value, h):
+        """The kernel's head h's ``value`` of a real head's sum (a row's ddt, the dA or ddt_bias partial) plus the
+        earlier slices' share, kept at sm.carry[k] for the next slice: the last slice's is the head's (without head
+        slices, ``value``). One thread writes and reads carry[k], for every slice in turn."""
+        if cutlass.const_expr(self.head_slices > 1):
+            carry = sm.carry
+            slice_ = h % self.head_slices
+            if slice_ > 0:
+                value = value + carry[k]
+            if slice_ < self.head_slices - 1:
+                carry[k] = value
         return value
 
 
