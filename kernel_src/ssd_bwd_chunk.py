@@ -37,6 +37,14 @@ dA and ddt_bias: the first slice keeps its shares in shared memory (``carry``) a
 ddt and the partials (fp32, in slice order). dx, dz and dD are per column. The runtime's call is the same as for any
 variant (real heads; the kernel maps its heads through nested head modes of its views).
 
+N 256 does not fit either (the group's parked dB and dC alone would take 128 KB): a group's columns of N are split
+over ``d_state_splits`` = 2 CTAs of 128 columns each (grid z = batch · d_state_splits; the CTA's row mode holds its
+part, so B, C, the states and their gradients are viewed at the part's columns), with N128's shared memory and code.
+C·Bᵀ, h₀·C, dh_end·B and ⟨dh_end, h₀⟩ are sums over N, and every gradient above is linear in them, so each part
+computes its share of dx, dz, ddt, dA and ddt_bias from its columns alone; D's terms (D ⊙ G in dx, D ⊙ x in y, dD)
+are the first part's. dB, dC and dinitial_states are per column, written by their part. The shares of dx, dz and ddt
+go to fp32 workspace arrays (rows (row, part)) that ``ssd_bwd_reduce`` adds in part order, as it adds the partials.
+
 The products are bf16 / fp16 MMAs with fp32
 accumulation (wgmma on sm_90a, warp MMAs elsewhere; operands rounded as the forward rounds them); everything per row
 and the sums are fp32, but for dz's factor dout ⊙ silu'(z), rounded to the I/O dtype while it waits in dz.
@@ -93,6 +101,8 @@ PARTS = 3           # partial row / column sums: of Q ⊙ M over i, of G ⊙ y0 
 WARP_ROWS, WARP_COLUMNS = 4, 2
 QUARTERS = THREADS // TILE  # the straddling sums' column pass: each thread sums one quarter of a column's rows
 PARK_VECTOR = 4     # fp32 values of a parked accumulator moved per shared-memory access
+STATE_COLUMNS = 128  # the most columns of N one CTA holds (d_state_splits)
+SHARES = "shares"    # (a row mode's part stride: with d_state_splits, each part's share has its own rows)
 
 
 class SsdBackwardChunk:
@@ -100,17 +110,22 @@ class SsdBackwardChunk:
     target_arch = None  # set by the build (compile_variant) before compiling
     grid_rule = "seqlen/64,groups*head_splits,batch"
     headdims = (64, 128)
-    d_states = (64, 128)
+    d_states = (64, 128, 256)
     io_dtypes = ("bf16", "fp16")
     state_dtypes = ("fp32", "bf16", "fp16")
 
     def __init__(self, headdim: int, d_state: int, io_dtype: str, state_dtype: str):
         expect_constants(self, headdim=headdim, d_state=d_state, io_dtype=io_dtype, state_dtype=state_dtype)
         self.headdim, self.d_state, self.io_dtype, self.state_dtype = headdim, d_state, io_dtype, state_dtype
+        # More than 128 columns of N (N256) do not fit in shared memory with the group's parked dB and dC: a group's
+        # columns are split over d_state_splits CTAs, each writing fp32 shares of dx, dz and ddt for ssd_bwd_reduce
+        # to add (module docstring).
+        self.d_state_splits = -(-d_state // STATE_COLUMNS)
+        self.state_columns = d_state // self.d_state_splits   # the columns of N a CTA holds
         # A head of more than 64 × 128 state values (P128 N128) does not fit in shared memory whole: it is walked as
         # head_slices heads of 64 columns of P each (the kernel's heads), whose ddt and dA / ddt_bias shares add up
         # (every gradient is linear in the per-column terms; module docstring).
-        self.head_slices = headdim // 64 if headdim * d_state > 64 * 128 else 1
+        self.head_slices = headdim // 64 if headdim * self.state_columns > 64 * 128 else 1
         self.columns = headdim // self.head_slices   # the columns of P a kernel head holds
         self.warps = (WARP_ROWS, WARP_COLUMNS)
         self.cluster = (1, 1, 1)
@@ -144,11 +159,13 @@ class SsdBackwardChunk:
     def params(self):
         io, st = self.io_dtype, self.state_dtype
         rows = 2 * VECTOR   # byte alignment of the arrays moved in 16-byte vectors
+        # with d_state_splits, dx, ddt and dz are each split's fp32 shares, (batch · d_state_splits, ...)
+        shares = "fp32" if self.d_state_splits > 1 else io
         return [
             ptr("x", io, align=rows), ptr("dt", io), ptr("A", "fp32"), ptr("B", io, align=rows),
             ptr("C", io, align=rows), ptr("D", "fp32"), ptr("z", io, align=rows), ptr("dt_bias", "fp32"),
-            ptr("dout", io, align=rows), ptr("dx", io, align=rows), ptr("ddt", io), ptr("dB", io), ptr("dC", io),
-            ptr("dz", io, align=rows),
+            ptr("dout", io, align=rows), ptr("dx", shares, align=rows), ptr("ddt", shares), ptr("dB", io),
+            ptr("dC", io), ptr("dz", shares, align=rows),
             ptr("initial_states", st), ptr("initial_state_indices", "int32"), ptr("states", io, align=rows),
             ptr("dfinal_states", "fp32"), ptr("dstates", io, align=rows), ptr("partials", "fp32"),
             ptr("group_grads", "fp32"),
@@ -173,15 +190,18 @@ class SsdBackwardChunk:
     @cute.jit
     def __call__(self, args: tuple, stream):
         a = bind(self.params(), args)
-        self.kernel(args).launch(grid=[a.nblocks, a.nheads // a.heads_per_group * a.head_splits, a.batch],
+        self.kernel(args).launch(grid=[a.nblocks, a.nheads // a.heads_per_group * a.head_splits,
+                                       a.batch * self.d_state_splits],
                                  block=list(self.block),
                                  smem=self.dynamic_smem, stream=stream, min_blocks_per_mp=1)
 
     @cute.kernel
     def kernel(self, args: tuple):
         a = bind(self.params(), args)
-        P, N = self.columns, self.d_state
+        P, N = self.columns, self.state_columns
         io_type = cutlass_dtype(self.io_dtype)
+        # row: with d_state_splits, (row of the batch) · d_state_splits + (the CTA's part of N); every view takes it
+        # as its row (a nested mode: the part's columns of the state arrays, B and C, its shares of the outputs)
         blk, group_split, row = cute.arch.block_idx()
         g = group_split // a.head_splits
         split = group_split % a.head_splits
@@ -200,44 +220,61 @@ class SsdBackwardChunk:
                 return H, stride
             return (self.head_slices, H), (slice_stride, stride)
 
+        def rows_of(count, stride, part_stride):
+            # a row mode (count rows, stride apart) indexed by the CTA's row: its part of N part_stride apart (0 for
+            # inputs; N columns for B, C and the states; a whole array of rows for the outputs' shares)
+            if cutlass.const_expr(self.d_state_splits == 1):
+                return count, stride
+            if cutlass.const_expr(part_stride is SHARES):
+                return (self.d_state_splits, count), (stride, stride * self.d_state_splits)
+            return (self.d_state_splits, count), (part_stride, stride)
+
         def per_head_value(pointer, name):  # an (H,) fp32 array
             head_shape, head_stride = heads(getattr(a, f"stride_{name}_head"), 0)
             return view(pointer, (head_shape,), head_stride)
 
-        def per_head(pointer, name):  # a (batch, L, H, P) array whose rows move in 16-byte vectors
+        def per_head(pointer, name, part_stride=0):  # a (batch, L, H, P) array whose rows move in 16-byte vectors
             head_shape, head_stride = heads(vec(getattr(a, f"stride_{name}_head")), P)
-            return view(pointer, (a.batch, L, head_shape, P), vec(getattr(a, f"stride_{name}_batch")),
-                        vec(getattr(a, f"stride_{name}_seqlen")), head_stride, 1)
+            batch_shape, batch_stride = rows_of(a.batch, vec(getattr(a, f"stride_{name}_batch")), part_stride)
+            return view(pointer, (batch_shape, L, head_shape, P), batch_stride, vec(getattr(a, f"stride_{name}_seqlen")),
+                        head_stride, 1)
 
-        def per_token(pointer, name):  # a (batch, L, H) array
+        def per_token(pointer, name, part_stride=0):  # a (batch, L, H) array
             head_shape, head_stride = heads(getattr(a, f"stride_{name}_head"), 0)
-            return view(pointer, (a.batch, L, head_shape), getattr(a, f"stride_{name}_batch"),
-                        getattr(a, f"stride_{name}_seqlen"), head_stride)
+            batch_shape, batch_stride = rows_of(a.batch, getattr(a, f"stride_{name}_batch"), part_stride)
+            return view(pointer, (batch_shape, L, head_shape), batch_stride, getattr(a, f"stride_{name}_seqlen"),
+                        head_stride)
 
-        def per_group(pointer, name, vector):
+        def per_group(pointer, name, vector):  # a (batch, L, G, N) array: the CTA's part of N
             batch_stride = getattr(a, f"stride_{name}_batch")
             seq_stride = getattr(a, f"stride_{name}_seqlen")
             group_stride = getattr(a, f"stride_{name}_group")
             if cutlass.const_expr(vector):
                 batch_stride, seq_stride, group_stride = vec(batch_stride), vec(seq_stride), vec(group_stride)
-            return view(pointer, (a.batch, L, G, N), batch_stride, seq_stride, group_stride, 1)
+            batch_shape, batch_stride = rows_of(a.batch, batch_stride, N)
+            return view(pointer, (batch_shape, L, G, N), batch_stride, seq_stride, group_stride, 1)
 
-        def state_blocks(pointer, name, first, first_dim):  # (first, H, P, N) with contiguous P × N blocks
-            head_shape, head_stride = heads(getattr(a, f"stride_{name}_head"), P * N)
-            return view(pointer, (first, head_shape, P, N), getattr(a, f"stride_{name}_{first_dim}"), head_stride,
-                        N, 1)
+        def state_blocks(pointer, name, first, first_dim):
+            # (first, H, P, N) of contiguous P × d_state blocks, indexed by _state_row (the CTA's part of N)
+            head_shape, head_stride = heads(getattr(a, f"stride_{name}_head"), P * self.d_state)
+            first_shape, first_stride = rows_of(first, getattr(a, f"stride_{name}_{first_dim}"), N)
+            return view(pointer, (first_shape, head_shape, P, N), first_stride, head_stride, self.d_state, 1)
 
-        def block_states(pointer, name):  # the workspace's (batch, nblocks, H, P, N)
-            head_shape, head_stride = heads(vec(getattr(a, f"stride_{name}_head")), P * N)
-            return view(pointer, (a.batch, a.nblocks, head_shape, P, N), vec(getattr(a, f"stride_{name}_batch")),
-                        vec(getattr(a, f"stride_{name}_block")), head_stride, N, 1)
+        def block_states(pointer, name):  # the workspace's (batch, nblocks, H, P, N): the CTA's part of N
+            head_shape, head_stride = heads(vec(getattr(a, f"stride_{name}_head")), P * self.d_state)
+            batch_shape, batch_stride = rows_of(a.batch, vec(getattr(a, f"stride_{name}_batch")), N)
+            return view(pointer, (batch_shape, a.nblocks, head_shape, P, N), batch_stride,
+                        vec(getattr(a, f"stride_{name}_block")), head_stride, self.d_state, 1)
 
         D_heads, D_head_stride = heads(a.stride_D_head, P * a.stride_D_dim)
         partial_heads, partial_head_stride = heads(a.stride_partials_head, P)
+        partial_rows, partial_row_stride = rows_of(a.batch, a.stride_partials_batch, SHARES)
+        grads_rows, grads_row_stride = rows_of(a.batch, a.stride_group_grads_batch, N)
+        seq_idx_rows, seq_idx_row_stride = rows_of(a.batch, a.stride_seq_idx_batch, 0)
         t = Tensors(
             x=per_head(a.x, "x"), z=per_head(a.z, "z"),
-            dout=per_head(a.dout, "dout"), dx=per_head(a.dx, "dx"), dz=per_head(a.dz, "dz"),
-            dt=per_token(a.dt, "dt"), ddt=per_token(a.ddt, "ddt"),
+            dout=per_head(a.dout, "dout"), dx=per_head(a.dx, "dx", SHARES), dz=per_head(a.dz, "dz", SHARES),
+            dt=per_token(a.dt, "dt"), ddt=per_token(a.ddt, "ddt", SHARES),
             A=per_head_value(a.A, "A"), dt_bias=per_head_value(a.dt_bias, "dt_bias"),
             B=per_group(a.B, "B", True), C=per_group(a.C, "C", True),
             dB=per_group(a.dB, "dB", False), dC=per_group(a.dC, "dC", False),
@@ -247,28 +284,29 @@ class SsdBackwardChunk:
             dfinal=state_blocks(a.dfinal_states, "dfinal_states", a.num_seqs, "seq"),
             states=block_states(a.states, "states"), dstates=block_states(a.dstates, "dstates"),
             # (with head slices, a head's dA and ddt_bias shares land after its last slice's P columns: at P + 0, 1)
-            partials=view(a.partials, (a.batch, a.nblocks, partial_heads, P + PARTIAL_EXTRA), a.stride_partials_batch,
+            partials=view(a.partials, (partial_rows, a.nblocks, partial_heads, P + PARTIAL_EXTRA), partial_row_stride,
                           a.stride_partials_block, partial_head_stride, 1),
-            group_grads=view(a.group_grads, (2, a.head_splits, a.batch, L, G, N), a.stride_group_grads_grad,
-                             a.stride_group_grads_split, a.stride_group_grads_batch, a.stride_group_grads_seqlen,
+            group_grads=view(a.group_grads, (2, a.head_splits, grads_rows, L, G, N), a.stride_group_grads_grad,
+                             a.stride_group_grads_split, grads_row_stride, a.stride_group_grads_seqlen,
                              a.stride_group_grads_group, 1),
+            seq_idx=view(a.seq_idx, (seq_idx_rows, a.seqlen), seq_idx_row_stride, a.stride_seq_idx_seqlen),
         )
 
         storage = cutlass.utils.SmemAllocator().allocate(self._shared_storage(io_type))
-        sm = Shared(storage, P, N, self.head_slices)
+        sm = Shared(storage, P, N, self.head_slices, t.dx.element_type)
 
         mma = self._mma(io_type, tid)
         g2s = async_tile_copy(io_type, THREADS)
 
         if cute.arch.warp_idx() == 0:
-            self._sequence_map(a, sm, row, block_start, rows, cute.arch.lane_idx())
+            self._sequence_map(a, t, sm, row, block_start, rows, cute.arch.lane_idx())
         first_head = g * heads_per_group + split * heads_per_split
         if cutlass.const_expr(self.warp_specialized):
             if cute.arch.warp_idx() < WARPS:
                 cute.arch.warpgroup_reg_alloc(PRODUCT_REGISTERS)
                 self._load_BC(a, t, sm, mma, g2s, row, g, blk, L, tid)
                 self._sync_all()
-                self._group(a, t, sm, mma, g2s, row, g, split, first_head, heads_per_split, blk, block_start, rows,
+                self._group(a, t, sm, mma, g2s, row, g, first_head, heads_per_split, blk, block_start, rows,
                             tid, io_type)
             else:
                 cute.arch.warpgroup_reg_dealloc(SIDE_REGISTERS)
@@ -280,13 +318,33 @@ class SsdBackwardChunk:
         else:
             self._load_BC(a, t, sm, mma, g2s, row, g, blk, L, tid)
             self._sync_all()
-            self._group(a, t, sm, mma, g2s, row, g, split, first_head, heads_per_split, blk, block_start, rows, tid,
+            self._group(a, t, sm, mma, g2s, row, g, first_head, heads_per_split, blk, block_start, rows, tid,
                         io_type)
+
+    def _batch_row(self, row):
+        """The row of the batch of the CTA's ``row`` (with d_state_splits, kernel() says how it holds the part of N)."""
+        if self.d_state_splits == 1:
+            return row
+        return row // self.d_state_splits
+
+    def _first_part(self, row):
+        """Whether the CTA holds the first part of N (or all of it): D's terms (dx += D ⊙ G, y += D ⊙ x) are its, and
+        ssd_bwd_reduce sums its dD partials only."""
+        if self.d_state_splits == 1:
+            return True
+        return row % self.d_state_splits == 0
+
+    def _state_row(self, number, row):
+        """The row of sequence or slot ``number`` in the per-sequence state arrays' view (initial_states,
+        dfinal_states), in the CTA's part of N."""
+        if self.d_state_splits == 1:
+            return number
+        return number * self.d_state_splits + row % self.d_state_splits
 
     @cute.jit
     def _load_BC(self, a, t, sm, mma, g2s, row, g, blk, L, tid):
-        """The group's B and C tiles of the block, by the product warps."""
-        N = self.d_state
+        """The kernel group's B and C tiles of the block (its part of N), by the product warps."""
+        N = self.state_columns
         thr = g2s.get_slice(tid)
         load_tile(g2s, thr, t.B[row, None, g, None], cute.make_identity_tensor((L, N)), sm.B, (TILE, N), (blk, 0), L)
         load_tile(g2s, thr, t.C[row, None, g, None], cute.make_identity_tensor((L, N)), sm.C, (TILE, N), (blk, 0), L)
@@ -366,9 +424,9 @@ class SsdBackwardChunk:
                    io_type)
 
     @cute.jit
-    def _group(self, a, t, sm, mma, g2s, row, g, split, first_head, heads_per_split, blk, block_start, rows, tid,
+    def _group(self, a, t, sm, mma, g2s, row, g, first_head, heads_per_split, blk, block_start, rows, tid,
                io_type: cutlass.Constexpr):
-        N = self.d_state
+        N = self.state_columns
         # dB and dC of the group, and the sum of the heads' V: fp32 accumulators parked in shared memory
         acc = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, N)), Float32)
         acc.fill(0.0)
@@ -409,6 +467,9 @@ class SsdBackwardChunk:
                     if i < rows:
                         grad[row, block_start + i, g, coords[e][1]] = acc[e].to(io_type)
             else:
+                # (the split derived here, not kept from the start: through the heads it would take a register the
+                # product warps do not have at N 256)
+                split = first_head // heads_per_split % a.head_splits
                 for e in cutlass.range_constexpr(cute.size(acc)):
                     i = coords[e][0]
                     if i < rows:
@@ -421,7 +482,7 @@ class SsdBackwardChunk:
         return make_mma(io_type, tid, self.warps, warpgroups=2 if self.target_arch == "sm_90a" else 0)
 
     def _shared_storage(self, io_type):
-        P, N = self.columns, self.d_state
+        P, N = self.columns, self.state_columns
         head_slices = self.head_slices
 
         @cute.struct
@@ -467,13 +528,13 @@ class SsdBackwardChunk:
         return SharedStorage
 
     @cute.jit
-    def _sequence_map(self, a, sm, row, block_start, rows, lane):
+    def _sequence_map(self, a, t, sm, row, block_start, rows, lane):
         """Warp 0: which sequence each row of the block belongs to (its number for the state arrays, -1 outside
         every sequence), the masks of rows that start a run and of rows inside a sequence, and whether row 0
         continues the sequence of the row before the block."""
-        key0, in0, num0 = self._sequence_of(a, row, block_start + lane, rows + block_start)
-        key1, in1, num1 = self._sequence_of(a, row, block_start + lane + 32, rows + block_start)
-        before_key, before_in, _ = self._sequence_of(a, row, block_start - 1, rows + block_start)
+        key0, in0, num0 = self._sequence_of(a, t, row, block_start + lane, rows + block_start)
+        key1, in1, num1 = self._sequence_of(a, t, row, block_start + lane + 32, rows + block_start)
+        before_key, before_in, _ = self._sequence_of(a, t, row, block_start - 1, rows + block_start)
         prev0 = cute.arch.shuffle_sync_up(key0, 1)
         prev_in0 = cute.arch.shuffle_sync_up(in0, 1)
         prev1 = cute.arch.shuffle_sync_up(key1, 1)
@@ -502,8 +563,7 @@ class SsdBackwardChunk:
         if a.has_seq_idx != 0:
             if (a.has_initial_states != 0) | (a.has_dfinal_states != 0):
                 # sequences of a seq_idx row are numbered 0, 1, ... along it (states only at batch 1)
-                seq_idx = view(a.seq_idx, (a.batch, a.seqlen), a.stride_seq_idx_batch, a.stride_seq_idx_seqlen)
-                before = count_changes(seq_idx, row, Int32(0), block_start, lane)
+                before = count_changes(t.seq_idx, row, Int32(0), block_start, lane)
                 counted0 = change0
                 if block_start + lane == 0:  # the row's first token starts sequence 0
                     counted0 = Int32(0)
@@ -536,16 +596,16 @@ class SsdBackwardChunk:
             masks[4] = continues
 
     @cute.jit
-    def _sequence_of(self, a, row, tok, stop):
+    def _sequence_of(self, a, t, row, tok, stop):
         """(key, inside, number) of token ``tok`` (< stop, >= 0): the key that changes between sequences, whether
         the token is inside one, and the sequence's number for the state arrays (seq_idx rows: filled later)."""
         key = Int32(0)
         inside = Int32(0)
-        number = row
+        number = self._batch_row(row)
         if (tok >= 0) & (tok < stop):
             inside = Int32(1)
             if a.has_seq_idx != 0:
-                key = view(a.seq_idx, (a.batch, a.seqlen), a.stride_seq_idx_batch, a.stride_seq_idx_seqlen)[row, tok]
+                key = t.seq_idx[row, tok]
                 number = Int32(0)
             if a.has_cu_seqlens != 0:
                 cu = view(a.cu_seqlens, (a.num_seqs + 1,), a.stride_cu_seqlens_seq)
@@ -611,7 +671,8 @@ class SsdBackwardChunk:
         if tid < P:
             d_value = Float32(0.0)
             if a.has_D != 0:
-                d_value = t.D[h, tid]
+                if self._first_part(row):
+                    d_value = t.D[h, tid]
             sD[tid] = d_value
         _zero(sm.S, tid)  # entries outside every run stay zero
         cute.arch.cp_async_wait_group(0)
@@ -662,10 +723,11 @@ class SsdBackwardChunk:
     def _prefetch_states(self, t, row, h, blk):
         """Head h's states of the block (the workspace's h₀ and dh_end, what a run continuing a sequence and ending
         at the block's end reads) into L2, while the head before it runs: its prologue then waits on L2, not HBM."""
-        P, N = self.columns, self.d_state
+        P, N = self.columns, self.state_columns
         for block in (t.states[row, cute.math.max(blk - 1, Int32(0)), h, None, None],
                       t.dstates[row, blk, h, None, None]):
-            cp_async_bulk_prefetch(block.iterator, P * N * (block.element_type.width // 8))
+            # (rows of d_state: the part's columns of the last row end the span)
+            cp_async_bulk_prefetch(block.iterator, ((P - 1) * self.d_state + N) * (block.element_type.width // 8))
 
     @cute.jit
     def _prefetch_rows(self, a, t, row, h, block_start, rows, tid):
@@ -754,7 +816,7 @@ class SsdBackwardChunk:
                                                 Float32(0.0)))
             dout.store(gated.load().to(io_type))
             if s < rows:
-                vector(t.dz[row, block_start + s, h, None], chunk).store(dz.load().to(io_type))
+                vector(t.dz[row, block_start + s, h, None], chunk).store(dz.load().to(t.dz.element_type))
 
     @cute.jit
     def _first_run(self, sm):
@@ -780,7 +842,7 @@ class SsdBackwardChunk:
         """cp.async of head h's h₀ and dh_end of the first run straight into their tiles (the I/O dtype, as the
         products take them) when ``landed``, they are the workspace's (:meth:`_states_from_workspace`); the head's
         tile wait covers them. Issued as soon as the tiles are free, so that they are off the head's critical path."""
-        P, N = self.columns, self.d_state
+        P, N = self.columns, self.state_columns
         if landed != 0:
             thr = g2s.get_slice(tid)
             whole = cute.make_identity_tensor((P, N))
@@ -790,14 +852,14 @@ class SsdBackwardChunk:
 
     def _state_vector(self, q, k: int, threads: int = THREADS):
         """(row of P, 8-column chunk of N) of the k-th vector of a P × N state that thread q of ``threads`` takes."""
-        N = self.d_state
+        N = self.state_columns
         return k * (threads * CHUNK // N) + q // (N // CHUNK), q % (N // CHUNK)
 
     @cute.jit
     def _states_dot(self, sm, q, threads: int, dst):
         """⟨dh_end, h₀⟩ (fp32) from the landed states tiles by ``threads`` threads (q: this one's index among them):
         dst[q // 32] = the share of q's warp (with THREADS, the vectors and order of :meth:`_load_states`)."""
-        P, N = self.columns, self.d_state
+        P, N = self.columns, self.state_columns
         dot = Float32(0.0)
         for k in cutlass.range(P * N // (threads * CHUNK), unroll=2):
             p, chunk = self._state_vector(q, k, threads)
@@ -813,7 +875,7 @@ class SsdBackwardChunk:
     def _load_states(self, a, t, sm, row, h, blk, s0, s1, rows, tid, io_type: cutlass.Constexpr):
         """The states entering (h₀) and leaving (dh_end) the run [s0, s1) into shared memory in the I/O dtype, and
         each warp's share of their fp32 dot product ⟨dh_end, h₀⟩."""
-        P, N = self.columns, self.d_state
+        P, N = self.columns, self.state_columns
         seq = sm.seq[s0]
         # h₀: the forward's state after the previous block when the run continues a sequence, else the initial one
         h0_valid = Int32(0)
@@ -843,14 +905,15 @@ class SsdBackwardChunk:
         # 16-byte loads from the workspace's aligned states, element loads from the callers' arrays) in unrolled
         # batches, so that a batch's loads are in flight together; their fp32 dot product, and their I/O-dtype
         # copies for the products, a 16-byte shared store per vector
-        def flat(block):
-            return cute.make_tensor(block.iterator, cute.make_layout((P * N,)))
+        def flat(block):  # (the CTA's part of N of rows d_state apart)
+            return cute.make_tensor(block.iterator, cute.make_layout(((N, P),), stride=((1, self.d_state),)))
 
         h0_src = flat(t.states[row, cute.math.max(blk - 1, Int32(0)), h, None, None])
-        initial_src = flat(t.initial[cute.math.max(cute.math.min(slot, a.num_initial_slots - 1), Int32(0)), h, None,
-                                     None])
+        initial_src = flat(t.initial[self._state_row(cute.math.max(cute.math.min(slot, a.num_initial_slots - 1), Int32(0)),
+                                                     row), h, None, None])
         dh_src = flat(t.dstates[row, blk, h, None, None])
-        dfinal_src = flat(t.dfinal[cute.math.max(cute.math.min(seq, a.num_seqs - 1), Int32(0)), h, None, None])
+        dfinal_src = flat(t.dfinal[self._state_row(cute.math.max(cute.math.min(seq, a.num_seqs - 1), Int32(0)), row), h,
+                                   None, None])
         vectors = min(STATE_BATCH, P * N // THREADS) // CHUNK
         dot = Float32(0.0)
         for part in cutlass.range_constexpr(P * N // (THREADS * CHUNK * vectors)):
@@ -885,7 +948,7 @@ class SsdBackwardChunk:
         memory) with their row and column sums, and the products with the states entering (h₀) and leaving
         (dh_end) it. ``landed_run``: 1 when its states landed from the workspace and side warps take their dot
         product (the row pass then adds its term), else 0."""
-        P, N = self.columns, self.d_state
+        P, N = self.columns, self.state_columns
         zero = Float32(0.0)
         base = zero
         if s0 > 0:
@@ -1048,7 +1111,7 @@ class SsdBackwardChunk:
                     dX[r, c] = Float32(cutlass.select_(inside, dX[r, c] + sm.D[coords_p[0, c][1]] * g_pair[half],
                                                        zero))
         # staged in shared memory, written in 16-byte row vectors after the barrier below
-        store_pairs(dX, mn_view(mma.thr.partition_C(sm.dx)), io_type)
+        store_pairs(dX, mn_view(mma.thr.partition_C(sm.dx)), t.dx.element_type)
         if a.has_z != 0:
             self._dz(t, sm, mma, acc_y, row, h, blk, rows)
 
@@ -1222,7 +1285,7 @@ class SsdBackwardChunk:
             if i < rows:
                 ddt = self._add_slices(sm, i, ddt, h)
                 if h % self.head_slices == self.head_slices - 1:
-                    ddt_out[row, block_start + i, h] = ddt.to(io_type)
+                    ddt_out[row, block_start + i, h] = ddt.to(ddt_out.element_type)
         dA_part = _warp_sum(dA_part)
         bias_part = _warp_sum(bias_part)
         if lane == 0:
@@ -1257,7 +1320,7 @@ class Tensors:
 class Shared:
     """The shared-memory tiles and arrays of the CTA, by role."""
 
-    def __init__(self, storage, P, N, head_slices):
+    def __init__(self, storage, P, N, head_slices, dx_type):
         self.B = storage.B.get_tensor(smem_layout((TILE, N)))
         self.C = storage.C.get_tensor(smem_layout((TILE, N)))
         self.x = storage.x.get_tensor(smem_layout((TILE, P)))
@@ -1287,8 +1350,9 @@ class Shared:
         self.masks = storage.masks.get_tensor(cute.make_layout((5,)))
         self.Q = storage.Q.get_tensor(_parking(TILE))
         self.V_sum = storage.V_sum.get_tensor(_parking(TILE))
-        # the head's dx in the I/O dtype, staged over Q (free from the straddling sums to the next head's Q)
-        self.dx = cute.make_tensor(cute.recast_ptr(self.Q.iterator, dtype=self.x.element_type), smem_layout((TILE, P)))
+        # the head's dx (in dx's dtype: fp32 shares with d_state_splits), staged over Q (free from the straddling sums
+        # to the next head's Q)
+        self.dx = cute.make_tensor(cute.recast_ptr(self.Q.iterator, dtype=dx_type), smem_layout((TILE, P)))
         self.dB = storage.dB.get_tensor(_parking(N))
         self.dC = storage.dC.get_tensor(_parking(N))
         if head_slices > 1:

@@ -117,8 +117,9 @@ for mode, extra in (("update", {}), ("snapshot", {"snapshot_indices": snapshots}
                    tickets=fused_tickets, **conv, **ssm, **requests, **extra)
 
 # ssd_bwd: a partial last block, every option (the states-only recompute), then without z, then packed sequences
-# starting inside blocks (both forms: the whole forward recomputed), then P128 (the chunk kernel's heads in slices)
-def backward(L, G_, packing=None, num_seqs=1, gated=True, P=P):
+# starting inside blocks (both forms: the whole forward recomputed), then P128 (the chunk kernel's heads in slices) and
+# N256 (its columns of N in two parts, whose shares ssd_bwd_reduce adds)
+def backward(L, G_, packing=None, num_seqs=1, gated=True, P=P, N=N):
     f = dict(x=torch.randn(1, L, H, P, device=dev).bfloat16(), dt=torch.randn(1, L, H, device=dev).bfloat16(),
              A=-torch.rand(H, device=dev), B=torch.randn(1, L, G_, N, device=dev).bfloat16(),
              C=torch.randn(1, L, G_, N, device=dev).bfloat16(), D=torch.randn(H, device=dev),
@@ -142,6 +143,7 @@ backward(150, 1, {"cu_seqlens": cu}, num_seqs=4)
 backward(150, 1, {"seq_idx": torch.repeat_interleave(torch.arange(4, dtype=torch.int32, device=dev),
                                                      (cu[1:] - cu[:-1]).long())[None]}, num_seqs=4)
 backward(150, G, {"cu_seqlens": cu}, num_seqs=4, P=128)
+backward(150, G, {"cu_seqlens": cu}, num_seqs=4, N=256)
 
 torch.cuda.synchronize()
 assert int(tickets.abs().sum()) == 0 and int(fused_tickets.abs().sum()) == 0

@@ -118,17 +118,21 @@ def test_variants_that_cannot_fit_an_arch_are_named_and_skipped():
     assert unsupported("ssd_fwd", {**big, "d_state": 64}, "sm_120a") is None
 
 
-def test_a_head_too_large_for_the_chunk_kernel_is_walked_in_slices_of_P():
-    """ssd_bwd_chunk holds P64 N128's tiles at most: a P128 N128 head is walked as two 64-column slices (so the
-    variant is built on sm_90a and sm_100a); smaller heads whole."""
+def test_a_head_too_large_for_the_chunk_kernel_is_walked_in_slices_of_P_and_parts_of_N():
+    """ssd_bwd_chunk holds P64 N128's tiles at most: N 256 is split into two parts of 128 columns (two CTAs), a head
+    of more than 64 × 128 of a part walked as two 64-column slices of P (so the variants are built on sm_90a and
+    sm_100a); smaller heads whole."""
     from kernel_src.families import kernel_class, unsupported
-    for (P, N), slices in {(64, 64): 1, (64, 128): 1, (128, 64): 1, (128, 128): 2}.items():
+    for (P, N), (slices, parts) in {(64, 64): (1, 1), (64, 128): (1, 1), (128, 64): (1, 1), (128, 128): (2, 1),
+                                    (64, 256): (1, 2), (128, 256): (2, 2)}.items():
         kernel = kernel_class("ssd_bwd_chunk")(P, N, "bf16", "fp32")
         assert (kernel.head_slices, kernel.columns) == (slices, P // slices)
-    sliced = {"headdim": 128, "d_state": 128, "io_dtype": "bf16", "state_dtype": "fp32"}
-    for arch in ("sm_90a", "sm_100a"):
-        assert unsupported("ssd_bwd_chunk", sliced, arch) is None
-    assert "allows" in unsupported("ssd_bwd_chunk", sliced, "sm_120a")
+        assert (kernel.d_state_splits, kernel.state_columns) == (parts, N // parts)
+    for P, N in ((128, 128), (64, 256), (128, 256)):
+        split = {"headdim": P, "d_state": N, "io_dtype": "bf16", "state_dtype": "fp32"}
+        for arch in ("sm_90a", "sm_100a"):
+            assert unsupported("ssd_bwd_chunk", split, arch) is None
+        assert "allows" in unsupported("ssd_bwd_chunk", split, "sm_120a")
 
 
 def test_failed_compile_names_the_variant(tmp_path):

@@ -97,14 +97,16 @@ def walk_launches(request, monkeypatch):
     yield asked
 
 
-@pytest.mark.parametrize("P,N,G", [(64, 128, 2), (64, 64, 1), (128, 128, 1), (128, 64, 2)])
+@pytest.mark.parametrize("P,N,G", [(64, 128, 2), (64, 64, 1), (128, 128, 1), (128, 64, 2), (64, 256, 2),
+                                   (128, 256, 1)])
 def test_every_gradient_with_every_option(P, N, G, walk_launches):
     _require(P, N)
     inputs = generators.standard_inputs(2, 300, 4, P, N, G, torch.bfloat16, seed=P + N + G, D="HP", z=True,
                                         initial_states=True)
     dout, dfinal = _dout(inputs, 1), _dfinal(inputs, 1)
     got, _ = _backward(inputs, dout, dfinal)
-    assert walk_launches, "the plan did not choose how to launch the walks"
+    from mamba2_aot.plans.ssd_bwd import WALKS_D_STATES  # (N 256 has no ssd_bwd_walks: nothing to choose)
+    assert bool(walk_launches) == (N in WALKS_D_STATES), "the plan did not choose how to launch the walks"
     _check(got, _oracle(inputs, dout, dfinal))
 
 
@@ -220,7 +222,7 @@ def test_group_gradients_with_and_without_head_splits(target_ctas, monkeypatch):
     _require(64, 128)
     if target_ctas is not None:
         monkeypatch.setattr(ssd_bwd, "TARGET_CTAS", target_ctas)
-    assert ssd_bwd.head_splits(1, 4, 2, 6) == (1 if target_ctas else 6)  # 4 blocks x 2 groups, 6 heads per group
+    assert ssd_bwd.head_splits(1, 4, 2, 6, 128) == (1 if target_ctas else 6)  # 4 blocks x 2 groups, 6 heads per group
     inputs = generators.standard_inputs(1, 200, 12, 64, 128, 2, torch.bfloat16, seed=21, D="H", z=True,
                                         initial_states=True)
     dout, dfinal = _dout(inputs, 21), _dfinal(inputs, 21)
@@ -240,11 +242,43 @@ def test_heads_walked_in_slices_of_P(packing, monkeypatch):
     inputs = generators.packed_inputs(8, 128, 128, 2, torch.bfloat16, seed=31, chunk_size=64, lengths=[70, 1, 93, 64],
                                       D="HP", z=True)
     del inputs["cu_seqlens" if packing == "seq_idx" else "seq_idx"]
-    assert ssd_bwd.head_splits(1, 4, 2, 4) > 1
+    assert ssd_bwd.head_splits(1, 4, 2, 4, 128) > 1
     dout, dfinal = _dout(inputs, 31), _dfinal(inputs, 31)
     got, _ = _backward(inputs, dout, dfinal)
     _check(got, _oracle(inputs, dout, dfinal))
     again, _ = _backward(inputs, dout, dfinal)
+    for name in got:
+        assert torch.equal(got[name], again[name]), name
+
+
+@pytest.mark.parametrize("P,packing,z,pool", [(64, "cu_seqlens", True, False), (64, "seq_idx", False, True),
+                                               (128, "cu_seqlens", False, True)])
+def test_d_state_256_in_two_parts_of_N(P, packing, z, pool, monkeypatch):
+    """N 256: each group's columns of N are split over two ssd_bwd_chunk CTAs whose shares of dx, dz and ddt (and
+    partials of dA / ddt_bias; dD's are the first part's) ssd_bwd_reduce adds. Packed sequences starting inside
+    blocks, two groups with their heads split over CTAs, dt_bias, D (H, P), with and without z, initial states
+    read from a pool by index or per sequence, final states: every gradient against the oracle, and bitwise equal
+    on a second run."""
+    from mamba2_aot.plans import ssd_bwd
+    _require(P, 256)
+    monkeypatch.setattr(ssd_bwd, "TARGET_CTAS", 10**6)  # (heads split over CTAs too)
+    inputs = generators.packed_inputs(4, P, 256, 2, torch.bfloat16, seed=41 + P, chunk_size=64,
+                                      lengths=[70, 1, 93, 64], D="HP", z=z)
+    del inputs["cu_seqlens" if packing == "seq_idx" else "seq_idx"]
+    assert ssd_bwd.d_state_splits(256) == 2 and ssd_bwd.head_splits(1, 4, 2, 2, 256) > 1
+    dout, dfinal = _dout(inputs, 41), _dfinal(inputs, 41)
+    extra = {}
+    if pool:  # the initial states as slots of a larger pool, in another order
+        states = inputs["initial_states"]
+        slots = torch.tensor([5, 0, 3, 1], dtype=torch.int32)
+        pool_states = torch.randn((7,) + states.shape[1:], generator=torch.Generator().manual_seed(P))
+        pool_states[slots.long()] = states
+        inputs = {**inputs, "initial_states": pool_states}
+        extra = {"initial_state_indices": slots.cuda()}
+    got, _ = _backward(inputs, dout, dfinal, **extra)
+    oracle_inputs = {**inputs, "initial_states": inputs["initial_states"][slots.long()]} if pool else inputs
+    _check(got, _oracle(oracle_inputs, dout, dfinal))
+    again, _ = _backward(inputs, dout, dfinal, **extra)
     for name in got:
         assert torch.equal(got[name], again[name]), name
 

@@ -14,12 +14,12 @@ BATCH, L, H, P, N, G = 2, 300, 8, 64, 128, 2
 NBLOCKS = 5
 
 
-def workspace_elements(heads=H):
+def workspace_elements(heads=H, N=N):
     return PLANS["ssd_bwd"].workspace_size(x=fake_array(0x1000, (BATCH, L, heads, P), "fp16"),
                                            B=fake_array(0x1000, (BATCH, L, G, N), "fp16")) // 4
 
 
-def bwd_args(heads=H, **over):
+def bwd_args(heads=H, N=N, **over):
     """Valid fake arguments (fp16: the CAI fakes have no bf16), each array 64 MiB apart."""
     base = iter(range(0x10000000, 0x100000000, 64 * MB))
     arr = lambda shape, dtype="fp16": fake_array(next(base), shape, dtype)  # noqa: E731
@@ -32,7 +32,7 @@ def bwd_args(heads=H, **over):
                 dB=arr((BATCH, L, G, N)), dC=arr((BATCH, L, G, N)), dD=arr((heads, P), "fp32"),
                 dz=arr((BATCH, L, heads, P)), ddt_bias=arr((heads,), "fp32"),
                 dinitial_states=arr((BATCH, heads, P, N), "fp32"))
-    args["workspace"] = fake_array(0x1_0000_0000, (workspace_elements(heads),), "fp32")
+    args["workspace"] = fake_array(0x1_0000_0000, (workspace_elements(heads, N),), "fp32")
     args.update(over)
     return args
 
@@ -133,12 +133,12 @@ def test_the_walks_share_a_launch_only_when_both_fit_one_wave():
 
 def test_head_splits_only_when_too_few_ctas():
     from mamba2_aot.plans.ssd_bwd import TARGET_CTAS, head_splits
-    assert head_splits(8, 64, 1, 80) == 1                      # Mamba-2 2.7B, 4096 tokens: 512 CTAs already
-    assert head_splits(2, 32, 1, 64) == 2                      # 64 CTAs: two halves of the 64 heads
-    assert head_splits(1, 1, 1, 6) == 6                        # never more than the heads
-    assert head_splits(1, 10, 1, 15) == 15                     # the smallest divisor reaching the target: 15
-    assert head_splits(1, 30, 1, 15) == 5 and 30 * 5 >= TARGET_CTAS
-    assert head_splits(1, 10, 1, 24) == 12                     # 120 CTAs: close enough (not 240)
+    assert head_splits(8, 64, 1, 80, 128) == 1                      # Mamba-2 2.7B, 4096 tokens: 512 CTAs already
+    assert head_splits(2, 32, 1, 64, 128) == 2                      # 64 CTAs: two halves of the 64 heads
+    assert head_splits(1, 1, 1, 6, 128) == 6                        # never more than the heads
+    assert head_splits(1, 10, 1, 15, 128) == 15                     # the smallest divisor reaching the target: 15
+    assert head_splits(1, 30, 1, 15, 128) == 5 and 30 * 5 >= TARGET_CTAS
+    assert head_splits(1, 10, 1, 24, 128) == 12                     # 120 CTAs: close enough (not 240)
 
 
 @pytest.mark.parametrize("H,G,N,batch", [(24, 1, 128, 1), (23, 1, 64, 1), (64, 1, 128, 2), (16, 8, 64, 3)])
@@ -156,10 +156,51 @@ def test_workspace_sized_for_a_call_serves_every_smaller_call(H, G, N, batch):
             assert ws.offsets["group_grads"] + 2 * ws.head_splits * batch * L * G * N * 4 <= ws.size
 
 
-def test_group_sum_size_matches_the_kernel():
+def test_group_and_share_sum_sizes_match_the_kernels():
     from kernel_src.families import kernel_class
-    from mamba2_aot.plans.ssd_bwd import GROUP_SUM_ELEMENTS
+    from mamba2_aot.plans.ssd_bwd import GROUP_SUM_ELEMENTS, SHARE_SUM_ELEMENTS, d_state_splits
     assert kernel_class("ssd_bwd_reduce").group_sum_elements == GROUP_SUM_ELEMENTS
+    assert kernel_class("ssd_bwd_reduce").share_sum_elements == SHARE_SUM_ELEMENTS
+    for d_state in (64, 128, 256):
+        assert kernel_class("ssd_bwd_chunk")(64, d_state, "bf16", "fp32").d_state_splits == d_state_splits(d_state)
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_d_state_256_is_split_over_two_ctas_whose_shares_the_reduce_adds(gated):
+    """N 256: each group's columns of N go to two ssd_bwd_chunk CTAs (grid z: rows x parts), which write fp32 shares
+    of dx, dz and ddt into the workspace (rows (row, part)) for ssd_bwd_reduce to add into the caller's dx, dz and
+    ddt; no ssd_bwd_walks launch at N 256."""
+    args = bwd_args(N=256, **({} if gated else {"z": None, "dz": None}))
+    bound = steps(**args)
+    assert [family for family, _ in bound] == ["ssd_fwd_states", "ssd_bwd_dstates", "ssd_bwd_chunk", "ssd_bwd_reduce"]
+    (_, recompute), _, (_, chunk), (_, reduce) = bound
+    for family, call in bound:
+        assert set(call.params) == set(PLANS[family].param_names), family
+    splits = chunk.params["head_splits"]
+    assert splits == reduce.params["head_splits"] == H // G   # (40 CTAs: the heads split too)
+    assert chunk.grid == (NBLOCKS, G * splits, 2 * BATCH) and chunk.constants["d_state"] == 256
+    from mamba2_aot.plans.ssd_bwd import GROUP_SUM_ELEMENTS, SHARE_SUM_ELEMENTS
+    share_sum_ctas = -(-BATCH * L * H * P // SHARE_SUM_ELEMENTS)
+    group_sum_ctas = -(-BATCH * L * G * 256 // GROUP_SUM_ELEMENTS)
+    assert reduce.params["d_state_splits"] == 2 and reduce.params["share_sum_ctas"] == share_sum_ctas
+    assert reduce.grid == (H + group_sum_ctas + share_sum_ctas, 1, 1)
+    lo, hi = 0x1_0000_0000, 0x1_0000_0000 + workspace_elements(N=256) * 4
+    grads = ("dx", "ddt") + (("dz",) if gated else ())
+    for name in grads:
+        share = chunk.params[name]
+        assert share == reduce.params[f"{name}_shares"] and lo <= share < hi and share % 256 == 0
+        assert reduce.params[name] == _ptr(args[name])
+        assert chunk.params[f"stride_{name}_batch"] == reduce.params[f"stride_{name}_shares_batch"] == L * H * (
+            P if name != "ddt" else 1)
+    assert reduce.params["has_z"] == int(gated)
+    if not gated:
+        assert chunk.params["dz"] == reduce.params["dz_shares"] == reduce.params["dz"] == 0
+    # the chunk pass writes the shares (named for the gradients they are shares of), the reduce the gradients
+    assert all(a.ptr != _ptr(args[a.name]) for a in chunk.outputs if a.name in grads)
+    assert {a.name for a in reduce.outputs} >= set(grads)
+    # the partials' rows are (row, part of N) too
+    assert chunk.params["stride_partials_batch"] == NBLOCKS * H * (P + 2)
+    assert recompute.constants["d_state"] == 256
 
 
 def test_no_head_splits_no_group_grads():

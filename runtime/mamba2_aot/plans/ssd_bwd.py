@@ -46,15 +46,19 @@ Steps (launches on one stream, in order; everything validated before the first; 
    recomputes from its own S, the entering states and D), dB, dC and per-block partial sums
    (``workspace.partials``). A group's heads are split over several CTAs (``head_splits``, see
    :func:`head_splits`) when (block, group, row) alone would leave most of the GPU idle; each split then writes its
-   share of dB and dC (``workspace.group_grads``) instead of dB and dC;
-4. ``ssd_bwd_reduce``, one CTA per head: dA, dD, ddt_bias; with head splits, more CTAs add the shares of dB and dC.
+   share of dB and dC (``workspace.group_grads``) instead of dB and dC. At N 256 a group's columns of N are split
+   over two CTAs (:func:`d_state_splits`), each writing its fp32 share of dx, dz and ddt
+   (``workspace.dx_shares`` / ``dz_shares`` / ``ddt_shares``) instead of dx, dz and ddt;
+4. ``ssd_bwd_reduce``, one CTA per head: dA, dD, ddt_bias; with head splits, more CTAs add the shares of dB and dC;
+   at N 256, more add the shares of dx, dz and ddt.
 
 Workspace (each region 256-byte aligned): states and dstates (batch · ceil(L/64) · H · P · N each, in the I/O dtype:
 the chunk pass's products take h₀ and dh_end in that dtype, so rounding them on the way halves their bytes and
 changes only ⟨dh_end, h₀⟩, which then has both rounded; Triton's backward keeps its states and state gradients in the
 I/O dtype too), partials (batch · ceil(L/64) · H · (P + 2), fp32) and, with head splits, group_grads (2 ·
 head_splits · batch · L · G · N, fp32; the region is kept at the most any call with at most this batch and length
-needs, so that a workspace sized for one call serves every smaller one). Deterministic: no atomics, every sum in a
+needs, so that a workspace sized for one call serves every smaller one) and, at N 256, the shares of dx and dz (2 ·
+batch · L · H · P each) and of ddt (2 · batch · L · H), fp32; partials then has rows (row, part of N) too. Deterministic: no atomics, every sum in a
 fixed order, so repeated calls give bitwise-identical gradients.
 """
 from __future__ import annotations
@@ -76,13 +80,22 @@ PARTIAL_EXTRA = 2  # partials[..., P] = dA, [..., P + 1] = ddt_bias
 # ssd_bwd_chunk CTAs to aim for: about one wave of one CTA per SM on an H100 / H200 (132 SMs); B200 has 148
 TARGET_CTAS = 128
 GROUP_SUM_ELEMENTS = 1024  # dB / dC elements per group-sum CTA of ssd_bwd_reduce (kernel_src/ssd_bwd_reduce.py)
+SHARE_SUM_ELEMENTS = 8192  # dx / dz elements per share-sum CTA of ssd_bwd_reduce (in 8-column vectors)
+STATE_COLUMNS = 128        # the most columns of N an ssd_bwd_chunk CTA holds (kernel_src/ssd_bwd_chunk.py)
+WALKS_D_STATES = (64, 128)  # ssd_bwd_walks' (at N 256 each walk's CTA takes an SM alone: nothing to share)
 
 
-def head_splits(batch: int, nblocks: int, ngroups: int, heads_per_group: int) -> int:
+def d_state_splits(d_state: int) -> int:
+    """Over how many ssd_bwd_chunk CTAs a group's columns of N are split (N 256: two, each leaving its shares of dx,
+    dz and ddt for ssd_bwd_reduce to add)."""
+    return -(-d_state // STATE_COLUMNS)
+
+
+def head_splits(batch: int, nblocks: int, ngroups: int, heads_per_group: int, d_state: int) -> int:
     """Over how many ssd_bwd_chunk CTAs each group's heads are split: the smallest divisor of heads_per_group that
     gives at least 7/8 of TARGET_CTAS CTAs (all of them if none does). Each split costs 2 · batch · L · G · N fp32
-    of workspace and their sum, so there is none when (block, group, row) CTAs alone come that close."""
-    return _splits(batch * nblocks * ngroups, heads_per_group, TARGET_CTAS)
+    of workspace and their sum, so there is none when (block, group, row, part of N) CTAs alone come that close."""
+    return _splits(batch * nblocks * ngroups * d_state_splits(d_state), heads_per_group, TARGET_CTAS)
 
 
 def _splits(ctas: int, heads_per_group: int, target: int) -> int:
@@ -104,7 +117,7 @@ def _capacity(batch: int, nblocks: int, ngroups: int, heads_per_group: int, d_st
     # a call's need depends only on its rows x blocks (k), and there are splits only while k · ngroups is small
     most = 0
     for k in range(1, batch * nblocks + 1):
-        splits = _splits(k * ngroups, heads_per_group, target)
+        splits = _splits(k * ngroups * d_state_splits(d_state), heads_per_group, target)
         if splits == 1:
             break  # and so for every larger k
         if any(k % rows == 0 and k // rows <= nblocks for rows in range(1, min(batch, k) + 1)):
@@ -180,6 +193,8 @@ def side_by_side(recompute: BoundCall, reverse: BoundCall) -> BoundCall:
                      inputs=recompute.inputs + reverse.inputs, outputs=recompute.outputs + reverse.outputs)
 
 
+# ssd_bwd_reduce's: the shares of dx, dz and ddt with d_state_splits, and the gradients it writes from them
+SHARED_GRADS = ("dx_shares", "dz_shares", "ddt_shares", "dx", "dz", "ddt")
 GROUP_GRADS_DIMS = ("grad", "split", "batch", "seqlen", "group")
 GROUP_GRADS_STRIDES = stride_names("group_grads", *GROUP_GRADS_DIMS)
 
@@ -208,14 +223,15 @@ class SsdBackwardChunkPlan(_StepPlan):
 
 class SsdBackwardReducePlan(_StepPlan):
     family = "ssd_bwd_reduce"
-    grid_rule = "heads+group_sum_ctas"
+    grid_rule = "heads+group_sum_ctas+share_sum_ctas"
     param_names = (
-        ("partials", "dD", "dA", "ddt_bias", "group_grads", "dB", "dC", "batch", "seqlen", "nblocks", "nheads",
-         "ngroups", "d_state", "head_splits", "group_sum_ctas")
+        ("partials", "dD", "dA", "ddt_bias", "group_grads", "dB", "dC", *SHARED_GRADS, "batch", "seqlen", "nblocks",
+         "nheads", "ngroups", "d_state", "head_splits", "group_sum_ctas", "d_state_splits", "share_sum_ctas")
         + stride_names("partials", "batch", "block", "head") + stride_names("dD", "head", "dim")
         + stride_names("dA", "head") + stride_names("ddt_bias", "head") + GROUP_GRADS_STRIDES
         + stride_names("dB", "batch", "seqlen", "group") + stride_names("dC", "batch", "seqlen", "group")
-        + ("has_dD", "dD_per_head", "has_ddt_bias")
+        + tuple(s for name in SHARED_GRADS for s in stride_names(name, "batch", "seqlen", "head"))
+        + ("has_dD", "dD_per_head", "has_ddt_bias", "has_z")
     )
 
 
@@ -224,10 +240,16 @@ class Workspace:
 
     def __init__(self, batch: int, seqlen: int, nheads: int, headdim: int, ngroups: int, d_state: int, io: str):
         nblocks = -(-seqlen // BLOCK)
-        self.head_splits = head_splits(batch, nblocks, ngroups, nheads // ngroups)
+        self.head_splits = head_splits(batch, nblocks, ngroups, nheads // ngroups, d_state)
+        self.d_state_splits = parts = d_state_splits(d_state)
         state_shape = (batch, nblocks, nheads, headdim, d_state)
+        # (partials, and the shares of dx, dz and ddt with d_state_splits, in rows (row, part of N))
         self.layout = [("states", state_shape, io), ("dstates", state_shape, io),
-                       ("partials", (batch, nblocks, nheads, headdim + PARTIAL_EXTRA), "fp32")]
+                       ("partials", (batch * parts, nblocks, nheads, headdim + PARTIAL_EXTRA), "fp32")]
+        if parts > 1:
+            self.layout += [("dx_shares", (batch * parts, seqlen, nheads, headdim), "fp32"),
+                            ("dz_shares", (batch * parts, seqlen, nheads, headdim), "fp32"),
+                            ("ddt_shares", (batch * parts, seqlen, nheads), "fp32")]
         if self.head_splits > 1:
             self.layout.append(("group_grads", (2, self.head_splits, batch, seqlen, ngroups, d_state), "fp32"))
         self.offsets, offset = {}, 0
@@ -362,8 +384,16 @@ class SsdBackwardPlan(CompositePlan):
                          + packing_arrays),
             outputs=tuple([dstates] + ([dinitial_states] if dinitial_states is not None else [])))
 
-        # 3. the per-block gradients (with head splits: dB and dC as each split's share in group_grads)
+        # 3. the per-block gradients (with head splits: dB and dC as each split's share in group_grads; with
+        # d_state_splits, dx, dz and ddt as each part's share)
         states, partials = views["states"], views["partials"]
+        parts = ws.d_state_splits
+        # with d_state_splits, the chunk pass writes each part's shares of dx, dz and ddt as its dx, dz and ddt, and
+        # ssd_bwd_reduce adds them: (gradient, its shares)
+        shared_grads = [(grad, views[f"{grad.name}_shares"]) for grad in (dx, dz, ddt) if grad is not None and parts > 1]
+        chunk_grads = {grad.name: _rename(share, grad.name) for grad, share in shared_grads}
+        chunk_dx, chunk_ddt = chunk_grads.get("dx", dx), chunk_grads.get("ddt", ddt)
+        chunk_dz = chunk_grads.get("dz", dz)
         group_grads = views.get("group_grads")
         splits = {"head_splits": ws.head_splits}
         if group_grads is not None:
@@ -371,16 +401,16 @@ class SsdBackwardPlan(CompositePlan):
             record_strides(splits, group_grads, GROUP_GRADS_DIMS)
         null_absent(splits, SsdBackwardChunkPlan.param_names, ("group_grads",))
         cp = {name: fp[name] for name in SsdBackwardChunkPlan.param_names if name in fp}
-        cp.update(common, **packing, **splits, dout=dout.ptr, dx=dx.ptr, ddt=ddt.ptr, dB=dB.ptr, dC=dC.ptr,
+        cp.update(common, **packing, **splits, dout=dout.ptr, dx=chunk_dx.ptr, ddt=chunk_ddt.ptr, dB=dB.ptr, dC=dC.ptr,
                   states=states.ptr, dstates=dstates.ptr, partials=partials.ptr, has_z=int(z is not None),
                   has_dfinal_states=int(dfinal_states is not None))
         for arr, dims in ((dout, ("batch", "seqlen", "head")),
-                          (dx, ("batch", "seqlen", "head")), (ddt, ("batch", "seqlen", "head")),
+                          (chunk_dx, ("batch", "seqlen", "head")), (chunk_ddt, ("batch", "seqlen", "head")),
                           (dB, ("batch", "seqlen", "group")), (dC, ("batch", "seqlen", "group")),
                           (states, ("batch", "block", "head")), (dstates, ("batch", "block", "head")),
                           (partials, ("batch", "block", "head"))):
             record_strides(cp, arr, dims)
-        for arr, name in ((z, "z"), (dz, "dz"), (dfinal_states, "dfinal_states")):
+        for arr, name in ((z, "z"), (chunk_dz, "dz"), (dfinal_states, "dfinal_states")):
             if arr is not None:
                 cp[name] = arr.ptr
                 record_strides(cp, arr, ("seq", "head") if name == "dfinal_states" else ("batch", "seqlen", "head"))
@@ -390,15 +420,17 @@ class SsdBackwardPlan(CompositePlan):
         chunk_call = BoundCall(
             constants={"headdim": headdim, "d_state": d_state, "io_dtype": io,
                        "state_dtype": forward.constants["state_dtype"]},
-            grid=(nblocks, G * ws.head_splits, batch), params=cp,
+            grid=(nblocks, G * ws.head_splits, batch * parts), params=cp,
             inputs=tuple(forward.inputs) + tuple(a for a in (z, dout, states, dstates, dfinal_states)
                                                  if a is not None),
-            outputs=tuple(a for a in (dx, ddt, dB, dC, dz, partials, group_grads) if a is not None))
+            outputs=tuple(a for a in (chunk_dx, chunk_ddt, dB, dC, chunk_dz, partials, group_grads) if a is not None))
 
-        # 4. the sums over tokens, and over head splits
+        # 4. the sums over tokens, over head splits and over parts of N
         group_sum_ctas = -(-batch * seqlen * G * d_state // GROUP_SUM_ELEMENTS) if group_grads is not None else 0
+        share_sum_ctas = -(-batch * seqlen * nheads * headdim // SHARE_SUM_ELEMENTS) if parts > 1 else 0
         rp = {"partials": partials.ptr, "dA": dA.ptr, "batch": batch, "seqlen": seqlen, "nblocks": nblocks,
               "nheads": nheads, "ngroups": G, "d_state": d_state, "group_sum_ctas": group_sum_ctas,
+              "d_state_splits": parts, "share_sum_ctas": share_sum_ctas, "has_z": int(z is not None),
               "dB": dB.ptr, "dC": dC.ptr, **splits,
               "dD": dD.ptr if dD is not None else 0, "has_dD": int(dD is not None),
               "dD_per_head": int(D is not None and len(D.shape) == 1),
@@ -414,11 +446,18 @@ class SsdBackwardPlan(CompositePlan):
                 record_strides(rp, dD, ("head", "dim"))
         if ddt_bias is not None:
             record_strides(rp, ddt_bias, ("head",))
-        null_absent(rp, SsdBackwardReducePlan.param_names, ("dD", "ddt_bias"))
+        for grad, share in shared_grads:  # (a share's rows are (row, part of N): its batch stride is a part's)
+            rp[grad.name], rp[share.name] = grad.ptr, share.ptr
+            record_strides(rp, grad, ("batch", "seqlen", "head"))
+            record_strides(rp, share, ("batch", "seqlen", "head"))
+        null_absent(rp, SsdBackwardReducePlan.param_names, ("dD", "ddt_bias") + SHARED_GRADS)
         expect_complete(rp, SsdBackwardReducePlan.param_names, "ssd_bwd_reduce")
-        reduce_call = BoundCall(constants={"headdim": headdim, "io_dtype": io}, grid=(nheads + group_sum_ctas, 1, 1),
-                                params=rp, inputs=tuple(a for a in (partials, group_grads) if a is not None),
-                                outputs=tuple(a for a in (dA, dD, ddt_bias, dB, dC) if a is not None))
+        reduce_call = BoundCall(constants={"headdim": headdim, "io_dtype": io},
+                                grid=(nheads + group_sum_ctas + share_sum_ctas, 1, 1), params=rp,
+                                inputs=tuple(a for a in (partials, group_grads) if a is not None)
+                                + tuple(share for _, share in shared_grads),
+                                outputs=tuple(a for a in (dA, dD, ddt_bias, dB, dC) if a is not None)
+                                + tuple(grad for grad, _ in shared_grads))
 
         # across the steps: no gradient (or the workspace) may overlap an input or another output, since one step
         # writes what a later one reads
@@ -430,6 +469,6 @@ class SsdBackwardPlan(CompositePlan):
         # the chunk pass computes y itself (for dz): the recompute is the states-only walk (one pass, no outputs)
         recompute = block_states_call(forward, _rename(views["states"], "block_states"))
         walks = [recompute, ("ssd_bwd_dstates", states_call)]
-        if walks_side_by_side(states_call.grid):
+        if d_state in WALKS_D_STATES and walks_side_by_side(states_call.grid):
             walks = [("ssd_bwd_walks", side_by_side(recompute[1], states_call))]
         return walks + [("ssd_bwd_chunk", chunk_call), ("ssd_bwd_reduce", reduce_call)]
