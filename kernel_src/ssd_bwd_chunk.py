@@ -42,8 +42,9 @@ over ``d_state_splits`` = 2 CTAs of 128 columns each (grid z = batch · d_state_
 part, so B, C, the states and their gradients are viewed at the part's columns), with N128's shared memory and code.
 C·Bᵀ, h₀·C, dh_end·B and ⟨dh_end, h₀⟩ are sums over N, and every gradient above is linear in them, so each part
 computes its share of dx, dz, ddt, dA and ddt_bias from its columns alone; D's terms (D ⊙ G in dx, D ⊙ x in y, dD)
-are the first part's. dB, dC and dinitial_states are per column, written by their part. The shares of dx, dz and ddt
-go to fp32 workspace arrays (rows (row, part)) that ``ssd_bwd_reduce`` adds in part order, as it adds the partials.
+are the first part's. dB and dC are per column, written by their part. The shares of dx, dz and ddt go to fp32
+workspace arrays (rows (row, part)) that ``ssd_bwd_reduce`` adds in part order, as it adds the partials (dz's factor
+then waits there in fp32, not rounded to the I/O dtype).
 
 The products are bf16 / fp16 MMAs with fp32
 accumulation (wgmma on sm_90a, warp MMAs elsewhere; operands rounded as the forward rounds them); everything per row
@@ -108,7 +109,7 @@ SHARES = "shares"    # (a row mode's part stride: with d_state_splits, each part
 class SsdBackwardChunk:
     family = "ssd_bwd_chunk"
     target_arch = None  # set by the build (compile_variant) before compiling
-    grid_rule = "seqlen/64,groups*head_splits,batch"
+    grid_rule = "seqlen/64,groups*head_splits,batch*d_state_splits"
     headdims = (64, 128)
     d_states = (64, 128, 256)
     io_dtypes = ("bf16", "fp16")

@@ -10,6 +10,7 @@ import torch
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parent.parent / "runtime")]
 import conftest  # noqa: E402,F401  (the runtime and cubins of the source tree, as the tests use them)
 from mamba2_aot import runtime  # noqa: E402
+from mamba2_aot.plans import ssd_bwd  # noqa: E402
 
 dev = "cuda"
 batch, T, H, P, N, G, slots, cap = 3, 4, 8, 64, 128, 2, 16, 8
@@ -144,6 +145,8 @@ backward(150, 1, {"seq_idx": torch.repeat_interleave(torch.arange(4, dtype=torch
                                                      (cu[1:] - cu[:-1]).long())[None]}, num_seqs=4)
 backward(150, G, {"cu_seqlens": cu}, num_seqs=4, P=128)
 backward(150, G, {"cu_seqlens": cu}, num_seqs=4, N=256)
+ssd_bwd.TARGET_CTAS = 1  # (N 256 without head splits too: dB and dC written by the chunk pass itself)
+backward(150, G, N=256)
 
 torch.cuda.synchronize()
 assert int(tickets.abs().sum()) == 0 and int(fused_tickets.abs().sum()) == 0

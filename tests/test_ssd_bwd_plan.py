@@ -203,6 +203,17 @@ def test_d_state_256_is_split_over_two_ctas_whose_shares_the_reduce_adds(gated):
     assert recompute.constants["d_state"] == 256
 
 
+def test_d_state_256_doubles_the_chunk_grid_z_and_checks_it(monkeypatch):
+    """The chunk pass's grid z is batch × parts of N: refused (before any launch) when that, not batch alone, exceeds
+    the grid's limit."""
+    from mamba2_aot.plans import ssd_bwd
+    monkeypatch.setattr(ssd_bwd, "GRID_YZ_MAX", 2 * BATCH - 1)
+    steps(**bwd_args())  # (N 128: grid z = batch)
+    with pytest.raises(errors.ShapeError) as info:
+        steps(**bwd_args(N=256))
+    assert info.value.argument == "x" and "grid z" in str(info.value)
+
+
 def test_no_head_splits_no_group_grads():
     """64 rows x 5 blocks x 2 groups: 640 CTAs, so each CTA takes its group's heads and writes dB / dC itself."""
     big = 64

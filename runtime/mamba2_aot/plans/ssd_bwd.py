@@ -58,7 +58,8 @@ changes only ⟨dh_end, h₀⟩, which then has both rounded; Triton's backward 
 I/O dtype too), partials (batch · ceil(L/64) · H · (P + 2), fp32) and, with head splits, group_grads (2 ·
 head_splits · batch · L · G · N, fp32; the region is kept at the most any call with at most this batch and length
 needs, so that a workspace sized for one call serves every smaller one) and, at N 256, the shares of dx and dz (2 ·
-batch · L · H · P each) and of ddt (2 · batch · L · H), fp32; partials then has rows (row, part of N) too. Deterministic: no atomics, every sum in a
+batch · L · H · P each; dz's whether or not z is given, as the size depends on x and B alone) and of ddt (2 · batch
+· L · H), fp32; partials then has rows (row, part of N) too. Deterministic: no atomics, every sum in a
 fixed order, so repeated calls give bitwise-identical gradients.
 """
 from __future__ import annotations
@@ -68,8 +69,9 @@ import math
 
 from ..errors import InvalidArgumentError, ShapeError
 from ..tensors import DeviceArray, ITEMSIZE, as_device_array
-from ..validation import (BoundCall, check_call, expect_dtype, expect_given, expect_rank, expect_shape,
-                          expect_complete, expect_state_blocks, null_absent, record_strides, stride_names)
+from ..validation import (GRID_YZ_MAX, BoundCall, check_call, expect_complete, expect_dim, expect_dtype,
+                          expect_given, expect_rank, expect_shape, expect_state_blocks, null_absent, record_strides,
+                          stride_names)
 from .base import CompositePlan, LaunchPlan
 from .ssd_fwd import (BLOCK, CTA_SLOTS, FORWARD_WALK_PARAMS, IO_DTYPES, SsdForwardPlan, block_states_call,
                       expect_vector_operand, expect_workspace)
@@ -201,7 +203,7 @@ GROUP_GRADS_STRIDES = stride_names("group_grads", *GROUP_GRADS_DIMS)
 
 class SsdBackwardChunkPlan(_StepPlan):
     family = "ssd_bwd_chunk"
-    grid_rule = "seqlen/64,groups*head_splits,batch"
+    grid_rule = "seqlen/64,groups*head_splits,batch*d_state_splits"
     param_names = (
         ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "dout", "dx", "ddt", "dB", "dC", "dz",
          "initial_states", "initial_state_indices", "states", "dfinal_states", "dstates", "partials", "group_grads",
@@ -256,10 +258,10 @@ class Workspace:
         for name, shape, dtype in self.layout:
             self.offsets[name] = offset
             offset += -(-math.prod(shape) * ITEMSIZE[dtype] // ALIGN) * ALIGN
-        # the shares' region is the last: kept at its capacity even when this call uses less (or none of it)
+        # group_grads' region is the last: kept at its capacity even when this call uses less (or none of it)
         reserved = group_grads_capacity(batch, nblocks, ngroups, nheads // ngroups, d_state) * ITEMSIZE["fp32"]
-        shares = self.offsets.get("group_grads", offset)
-        self.size = max(offset, -(-(shares + reserved) // ALIGN) * ALIGN)
+        group_grads = self.offsets.get("group_grads", offset)
+        self.size = max(offset, -(-(group_grads + reserved) // ALIGN) * ALIGN)
 
     def views(self, ws: DeviceArray) -> dict[str, DeviceArray]:
         return {name: ws.region(name, self.offsets[name], shape, dtype) for name, shape, dtype in self.layout}
@@ -297,6 +299,9 @@ class SsdBackwardPlan(CompositePlan):
         ngroups = expect_groups(B, nheads)
         d_state = B.shape[3]
         io = x.dtype
+        # (ssd_bwd_chunk's grid z: the forward checks batch alone, and nothing may launch before this is refused)
+        expect_dim("x", f"batch (dim 0) × {d_state_splits(d_state)} parts of d_state (grid z)",
+                   batch * d_state_splits(d_state), maximum=GRID_YZ_MAX)
         ws = Workspace(batch, seqlen, nheads, headdim, ngroups, d_state, io)
         expect_workspace(workspace, "ssd_bwd", ws.size)
         views = ws.views(workspace)
