@@ -4,7 +4,8 @@ Measured by ``bench/run.py`` (section ``ssd_bwd``); alone::
 
     PYTHONPATH=runtime:third_party_baseline python bench/bench_ssd_bwd.py [SHAPE_POSITION ...]
 
-Shapes: the BRIEF §6 reference shapes (bf16, D (H), dt_bias, softplus; no state gradients). A training step
+Shapes: the BRIEF §6 reference shapes (positions 0-3; bf16, D (H), dt_bias, softplus; no state gradients), and on
+request the shapes after them (``OTHER_SHAPES``: the reference rows' shape at N 256, position 4). A training step
 runs the forward, then the backward from dout: ours is ``launch("ssd_fwd")`` then ``launch("ssd_bwd")`` (which
 recomputes what it needs); Triton's is ``_mamba_chunk_scan_combined_fwd`` then ``_mamba_chunk_scan_combined_bwd``
 on what its autograd function saves (the calls ``mamba_chunk_scan_combined``'s backward makes). Times are
@@ -21,6 +22,10 @@ import torch
 
 from bench_ssd_fwd import REFERENCE_SHAPES, Shape, make_inputs
 from common import copy_bandwidth, graph_time_us, rotation, side_by_side, with_baseline
+
+
+# run on request only (not in bench/run.py's report): the second reference row at d_state 256
+OTHER_SHAPES = (Shape("B2 L2048 H64 P64 N256 G1 Q256 +z", 2, 2048, 64, 64, 256, 1, 256, True),)
 
 
 def backward_floor_bytes(s: Shape) -> int:
@@ -90,11 +95,12 @@ def measure(s: Shape, bandwidth: float, baseline: bool) -> dict:
 
 
 def main(argv=None):
-    """Every reference shape, or those whose positions (0-3) are given on the command line."""
+    """Every reference shape, or those whose positions (0-3, or 4 for OTHER_SHAPES) are given on the command line."""
     picked = [int(a) for a in (sys.argv[1:] if argv is None else argv)]
+    shapes = REFERENCE_SHAPES + OTHER_SHAPES
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s")
-    for s in [REFERENCE_SHAPES[i] for i in picked] or REFERENCE_SHAPES:
+    for s in [shapes[i] for i in picked] or REFERENCE_SHAPES:
         r = measure(s, bw, baseline=True)
         t = r.get("triton") or {"us": float("nan"), "backward_us": float("nan")}
         print(f"{s.name:<52} fwd+bwd: triton {t['us']:8.1f}  ours {r['ours']['us']:8.1f} us  | bwd: triton "
