@@ -5,7 +5,7 @@ Measured by ``bench/run.py`` (section ``ssd_bwd``); alone::
     PYTHONPATH=runtime:third_party_baseline python bench/bench_ssd_bwd.py [SHAPE_POSITION ...]
 
 Shapes: the BRIEF §6 reference shapes (positions 0-3; bf16, D (H), dt_bias, softplus; no state gradients), and on
-request the shapes after them (``OTHER_SHAPES``: the reference rows' shape at N 256, position 4). A training step
+request the shapes after them (``OTHER_SHAPES``: the second reference row's shape at N 256, position 4). A training step
 runs the forward, then the backward from dout: ours is ``launch("ssd_fwd")`` then ``launch("ssd_bwd")`` (which
 recomputes what it needs); Triton's is ``_mamba_chunk_scan_combined_fwd`` then ``_mamba_chunk_scan_combined_bwd``
 on what its autograd function saves (the calls ``mamba_chunk_scan_combined``'s backward makes). Times are

@@ -25,9 +25,12 @@ def _runtime():
     return runtime
 
 
-def _require(P, N, io="bf16"):
-    for family in ("ssd_fwd_states", "ssd_bwd_dstates", "ssd_bwd_chunk"):  # (the CI matrix has N 256 of the last alone)
-        require_built(family, headdim=P, d_state=N, io_dtype=io)
+def _require(P, N, io="bf16", st="fp32"):
+    """Skip unless the backward's steps are built for (P, N, io dtype, state dtype): the CI matrix, for one, builds
+    ssd_bwd_chunk at N 256 and not the walks."""
+    require_built("ssd_fwd_states", headdim=P, d_state=N, io_dtype=io, state_dtype=st)
+    require_built("ssd_bwd_dstates", headdim=P, d_state=N, io_dtype=io)
+    require_built("ssd_bwd_chunk", headdim=P, d_state=N, io_dtype=io, state_dtype=st)
 
 
 def _num_seqs(inputs):
@@ -306,6 +309,7 @@ def test_few_ctas_over_a_long_length():
 def test_every_built_variant(constants):
     """Each built (P, N, I/O dtype, state dtype): every gradient, initial states in the state dtype."""
     P, N, io, st = constants["headdim"], constants["d_state"], constants["io_dtype"], constants["state_dtype"]
+    _require(P, N, io, st)
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     inputs = generators.standard_inputs(1, 130, 2, P, N, 1, dtypes[io], seed=P + N, D="H", z=True,
                                         initial_states=True)

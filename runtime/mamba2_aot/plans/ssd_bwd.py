@@ -35,7 +35,7 @@ gradient, and not the workspace, may overlap an input or another output (checked
 no gradients for ``ssd_fwd``'s ``chunk_states`` or final-state pools.
 
 Steps (launches on one stream, in order; everything validated before the first; steps 1 and 2 are one launch of
-``ssd_bwd_walks`` when both together fit one wave, see :func:`walks_side_by_side`):
+``ssd_bwd_walks`` when both together fit one wave and N <= 128, see :func:`walks_side_by_side`):
 
 1. ``ssd_fwd_states``, the forward's states-only walk, recomputes the state after every 64-token block
    (``workspace.states``, in the I/O dtype) in one pass with no outputs (packed sequences too: it splits a block at
