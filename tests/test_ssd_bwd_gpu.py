@@ -170,6 +170,37 @@ def test_packed_sequences(packing, walk_launches):
     _check(got, _oracle(inputs, dout, dfinal))
 
 
+@pytest.mark.parametrize("N", [128, 256])
+def test_packed_equals_separate_runs(N):
+    """cu_seqlens with sequences starting inside blocks == each sequence run alone (batch 1, its own initial state and
+    final-state gradient): dx, ddt, dz, dB, dC token by token, dinitial_states sequence by sequence, and dA, dD,
+    ddt_bias as the sums of the separate runs'. Not bitwise (the blocks fall differently): each side is within the
+    gradients' tolerance of the oracle, so they are within twice it of each other (fp16, whose bound is tighter)."""
+    _require(64, N, "fp16")
+    tol = 2 * reference.TOLERANCES["fp16"]["grads"]
+    inputs = generators.packed_inputs(4, 64, N, 2, torch.float16, seed=51, chunk_size=64, lengths=[70, 1, 93, 64],
+                                      D="HP", z=True)
+    del inputs["seq_idx"]
+    dout, dfinal = _dout(inputs, 51), _dfinal(inputs, 51)
+    packed, _ = _backward(inputs, dout, dfinal)
+    bounds = inputs["cu_seqlens"].tolist()
+    sums = {}
+    for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+        alone = {k: v for k, v in inputs.items() if k != "cu_seqlens"}
+        for k in ("x", "dt", "z", "B", "C"):
+            alone[k] = inputs[k][:, start:end]
+        alone["initial_states"] = inputs["initial_states"][i:i + 1]
+        got, _ = _backward(alone, dout[:, start:end], dfinal[i:i + 1])
+        for name in ("dx", "ddt", "dz", "dB", "dC"):
+            reference.assert_close_scaled(packed[name][:, start:end], got[name], tol, f"{name} of sequence {i}")
+        reference.assert_close_scaled(packed["dinitial_states"][i], got["dinitial_states"][0], tol,
+                                      f"dinitial_states of sequence {i}")
+        for name in ("dA", "dD", "ddt_bias"):
+            sums[name] = sums.get(name, 0) + got[name].double()
+    for name, total in sums.items():
+        reference.assert_close_scaled(packed[name], total, tol, name)
+
+
 def test_an_empty_sequence_gets_its_final_state_gradient():
     """cu_seqlens with an empty sequence: its final state is its initial state, so dinitial = dfinal exactly."""
     _require(64, 64)
