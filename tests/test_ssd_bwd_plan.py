@@ -139,9 +139,12 @@ def test_head_splits_only_when_too_few_ctas():
     assert head_splits(1, 10, 1, 15, 128) == 15                     # the smallest divisor reaching the target: 15
     assert head_splits(1, 30, 1, 15, 128) == 5 and 30 * 5 >= TARGET_CTAS
     assert head_splits(1, 10, 1, 24, 128) == 12                     # 120 CTAs: close enough (not 240)
+    assert head_splits(2, 32, 1, 64, 256) == 1                      # N 256: its two parts of N give the 128 CTAs
+    assert head_splits(1, 10, 1, 24, 256) == 6                      # 20 (block, part) CTAs x 6 = 120
 
 
-@pytest.mark.parametrize("H,G,N,batch", [(24, 1, 128, 1), (23, 1, 64, 1), (64, 1, 128, 2), (16, 8, 64, 3)])
+@pytest.mark.parametrize("H,G,N,batch", [(24, 1, 128, 1), (23, 1, 64, 1), (64, 1, 128, 2), (16, 8, 64, 3),
+                                         (24, 1, 256, 1), (64, 2, 256, 2)])
 def test_workspace_sized_for_a_call_serves_every_smaller_call(H, G, N, batch):
     """Head splits shrink as a call grows, so the dB / dC shares alone could need more at a shorter L: the size
     must not decrease with L or batch."""
