@@ -324,22 +324,16 @@ class SsdBackwardChunk:
 
     def _batch_row(self, row):
         """The row of the batch of the CTA's ``row`` (with d_state_splits, kernel() says how it holds the part of N)."""
-        if self.d_state_splits == 1:
-            return row
         return row // self.d_state_splits
 
     def _first_part(self, row):
         """Whether the CTA holds the first part of N (or all of it): D's terms (dx += D ⊙ G, y += D ⊙ x) are its, and
         ssd_bwd_reduce sums its dD partials only."""
-        if self.d_state_splits == 1:
-            return True
         return row % self.d_state_splits == 0
 
     def _state_row(self, number, row):
         """The row of sequence or slot ``number`` in the per-sequence state arrays' view (initial_states,
         dfinal_states), in the CTA's part of N."""
-        if self.d_state_splits == 1:
-            return number
         return number * self.d_state_splits + row % self.d_state_splits
 
     @cute.jit

@@ -151,23 +151,18 @@ class SsdBackwardReduce:
         io_type = cutlass_dtype(self.io_dtype)
         L, H, P, parts = a.seqlen, a.nheads, self.headdim, a.d_state_splits
 
-        def per_token(name, first, first_stride):  # (first, L, H) of an array's (batch, seqlen, head) strides
-            return view(getattr(a, name), (first, L, H), first_stride, getattr(a, f"stride_{name}_seqlen"),
-                        getattr(a, f"stride_{name}_head"))
-
-        def rows(name, per_head):  # (batch · parts, L, H[, P]) of a shares array: rows (row, part)
-            if cutlass.const_expr(per_head):
-                return view(getattr(a, name), (a.batch * parts, L, H, P), vec(getattr(a, f"stride_{name}_batch")),
-                            vec(getattr(a, f"stride_{name}_seqlen")), vec(getattr(a, f"stride_{name}_head")), 1)
-            return per_token(name, a.batch * parts, getattr(a, f"stride_{name}_batch"))
-
-        def output(name):  # the (batch, L, H, P) gradient, in 16-byte rows
-            return view(getattr(a, name), (a.batch, L, H, P), vec(getattr(a, f"stride_{name}_batch")),
+        def per_head(name, rows):  # (rows, L, H, P) by the array's (batch, seqlen, head) strides, in 16-byte rows
+            return view(getattr(a, name), (rows, L, H, P), vec(getattr(a, f"stride_{name}_batch")),
                         vec(getattr(a, f"stride_{name}_seqlen")), vec(getattr(a, f"stride_{name}_head")), 1)
 
-        dx_shares, dz_shares, ddt_shares = rows("dx_shares", True), rows("dz_shares", True), rows("ddt_shares", False)
-        dx, dz = output("dx"), output("dz")
-        ddt = per_token("ddt", a.batch, a.stride_ddt_batch)
+        def per_token(name, rows):  # (rows, L, H)
+            return view(getattr(a, name), (rows, L, H), getattr(a, f"stride_{name}_batch"),
+                        getattr(a, f"stride_{name}_seqlen"), getattr(a, f"stride_{name}_head"))
+
+        share_rows = a.batch * parts   # (row, part)
+        dx_shares, dz_shares = per_head("dx_shares", share_rows), per_head("dz_shares", share_rows)
+        ddt_shares = per_token("ddt_shares", share_rows)
+        dx, dz, ddt = per_head("dx", a.batch), per_head("dz", a.batch), per_token("ddt", a.batch)
         chunks = P // CHUNK
         count = a.batch * L * H * chunks
         total = cute.make_rmem_tensor((CHUNK,), Float32)

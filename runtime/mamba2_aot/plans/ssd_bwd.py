@@ -243,7 +243,7 @@ class Workspace:
     def __init__(self, batch: int, seqlen: int, nheads: int, headdim: int, ngroups: int, d_state: int, io: str):
         nblocks = -(-seqlen // BLOCK)
         self.head_splits = head_splits(batch, nblocks, ngroups, nheads // ngroups, d_state)
-        self.d_state_splits = parts = d_state_splits(d_state)
+        parts = d_state_splits(d_state)
         state_shape = (batch, nblocks, nheads, headdim, d_state)
         # (partials, and the shares of dx, dz and ddt with d_state_splits, in rows (row, part of N))
         self.layout = [("states", state_shape, io), ("dstates", state_shape, io),
@@ -299,9 +299,9 @@ class SsdBackwardPlan(CompositePlan):
         ngroups = expect_groups(B, nheads)
         d_state = B.shape[3]
         io = x.dtype
+        parts = d_state_splits(d_state)
         # (ssd_bwd_chunk's grid z: the forward checks batch alone, and nothing may launch before this is refused)
-        expect_dim("x", f"batch (dim 0) × {d_state_splits(d_state)} parts of d_state (grid z)",
-                   batch * d_state_splits(d_state), maximum=GRID_YZ_MAX)
+        expect_dim("x", f"batch (dim 0) × {parts} parts of d_state (grid z)", batch * parts, maximum=GRID_YZ_MAX)
         ws = Workspace(batch, seqlen, nheads, headdim, ngroups, d_state, io)
         expect_workspace(workspace, "ssd_bwd", ws.size)
         views = ws.views(workspace)
@@ -392,13 +392,12 @@ class SsdBackwardPlan(CompositePlan):
         # 3. the per-block gradients (with head splits: dB and dC as each split's share in group_grads; with
         # d_state_splits, dx, dz and ddt as each part's share)
         states, partials = views["states"], views["partials"]
-        parts = ws.d_state_splits
         # with d_state_splits, the chunk pass writes each part's shares of dx, dz and ddt as its dx, dz and ddt, and
         # ssd_bwd_reduce adds them: (gradient, its shares)
         shared_grads = [(grad, views[f"{grad.name}_shares"]) for grad in (dx, dz, ddt) if grad is not None and parts > 1]
         chunk_grads = {grad.name: _rename(share, grad.name) for grad, share in shared_grads}
-        chunk_dx, chunk_ddt = chunk_grads.get("dx", dx), chunk_grads.get("ddt", ddt)
-        chunk_dz = chunk_grads.get("dz", dz)
+        chunk_dx, chunk_dz, chunk_ddt = (chunk_grads.get(name, grad) for name, grad in (("dx", dx), ("dz", dz),
+                                                                                         ("ddt", ddt)))
         group_grads = views.get("group_grads")
         splits = {"head_splits": ws.head_splits}
         if group_grads is not None:
