@@ -39,6 +39,19 @@ def graph_time_us(fn, launches_per_graph: int) -> float:
     return times[len(times) // 2]
 
 
+def graph_time_after_gemm_us(fn, launches_per_graph: int) -> float:
+    """:func:`graph_time_us` of ``fn`` when each call follows a 2048³ bf16 cuBLAS GEMM, the GEMM's own time
+    subtracted: as in a model, where a kernel follows others and starts with its code cold in the SMs (after a GEMM,
+    ssd_fwd's walk at B2 N128 +z took 11 µs more than back to back, Triton's kernels 0.6: docs/PERF_NOTES.md,
+    twenty-second session)."""
+    a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn_like(a)
+
+    def gemm(i):
+        return torch.mm(a, b)
+    return graph_time_us(lambda i: (gemm(i), fn(i)), launches_per_graph) - graph_time_us(gemm, launches_per_graph)
+
+
 def eager_time_us(fn, variants: int, calls: int = 50) -> float:
     """Wall time per ``fn(i)`` call issued back to back from Python (``i`` cycling over ``variants``) until the
     device is done: what a framework's eager mode sees, launch overhead included."""
