@@ -41,9 +41,9 @@ def graph_time_us(fn, launches_per_graph: int) -> float:
 
 def graph_time_after_gemm_us(fn, launches_per_graph: int) -> float:
     """:func:`graph_time_us` of ``fn`` when each call follows a 2048³ bf16 cuBLAS GEMM, the GEMM's own time
-    subtracted: as in a model, where a kernel follows others and starts with its code cold in the SMs (after a GEMM,
-    ssd_fwd's walk at B2 N128 +z took 11 µs more than back to back, Triton's kernels 0.6: docs/PERF_NOTES.md,
-    twenty-second session)."""
+    subtracted: as in a model, where a kernel follows others (after a GEMM, an ssd_fwd call at B2 N128 +z took 11 µs
+    more than back to back, Triton's 0.3–0.6: docs/PERF_NOTES.md, twenty-second session). An upper bound by a little:
+    the GEMM timed alone finds its inputs in L2, after ``fn`` it may not."""
     a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
     b = torch.randn_like(a)
 

@@ -166,7 +166,7 @@ def main():
              "CUDA-graph device time, median of 20 replays, inputs rotated so nothing stays in L2; roofline = the "
              "minimum bytes a call moves / the SM copy bandwidth measured in the same run. Calls run back to back; "
              "after another large kernel, as in a model, ssd_fwd starts slower (after a cuBLAS GEMM 11–14 µs at the "
-             "N128 +z shapes, Triton's 0.6: `docs/PERF_NOTES.md`, twenty-second session). What "
+             "N128 +z shapes, Triton's 0.3–0.6: `docs/PERF_NOTES.md`, twenty-second session). What "
              "limits each kernel and what was tried: `docs/PERF_NOTES.md`. A full run is a snapshot of the commit its "
              "provenance line names: kernels changed since then were measured side by side with the baseline, "
              "change by change, in `docs/PERF_NOTES.md`, whose latest numbers supersede these.", ""]
