@@ -237,8 +237,8 @@ class SsdBackwardChunk:
         def per_head(pointer, name, part_stride=0):  # a (batch, L, H, P) array whose rows move in 16-byte vectors
             head_shape, head_stride = heads(vec(getattr(a, f"stride_{name}_head")), P)
             batch_shape, batch_stride = rows_of(a.batch, vec(getattr(a, f"stride_{name}_batch")), part_stride)
-            return view(pointer, (batch_shape, L, head_shape, P), batch_stride, vec(getattr(a, f"stride_{name}_seqlen")),
-                        head_stride, 1)
+            return view(pointer, (batch_shape, L, head_shape, P), batch_stride,
+                        vec(getattr(a, f"stride_{name}_seqlen")), head_stride, 1)
 
         def per_token(pointer, name, part_stride=0):  # a (batch, L, H) array
             head_shape, head_stride = heads(getattr(a, f"stride_{name}_head"), 0)
@@ -331,9 +331,10 @@ class SsdBackwardChunk:
         ssd_bwd_reduce sums its dD partials only."""
         return row % self.d_state_splits == 0
 
-    def _state_row(self, number, row):
-        """The row of sequence or slot ``number`` in the per-sequence state arrays' view (initial_states,
-        dfinal_states), in the CTA's part of N."""
+    def _state_row(self, number, count, row):
+        """The row of sequence or slot ``number`` (clamped to [0, count): an unused one reads in bounds) in the
+        per-sequence state arrays' view (initial_states, dfinal_states), in the CTA's part of N."""
+        number = cute.math.max(cute.math.min(number, count - 1), Int32(0))
         return number * self.d_state_splits + row % self.d_state_splits
 
     @cute.jit
@@ -904,11 +905,9 @@ class SsdBackwardChunk:
             return cute.make_tensor(block.iterator, cute.make_layout(((N, P),), stride=((1, self.d_state),)))
 
         h0_src = flat(t.states[row, cute.math.max(blk - 1, Int32(0)), h, None, None])
-        initial_src = flat(t.initial[self._state_row(cute.math.max(cute.math.min(slot, a.num_initial_slots - 1), Int32(0)),
-                                                     row), h, None, None])
+        initial_src = flat(t.initial[self._state_row(slot, a.num_initial_slots, row), h, None, None])
         dh_src = flat(t.dstates[row, blk, h, None, None])
-        dfinal_src = flat(t.dfinal[self._state_row(cute.math.max(cute.math.min(seq, a.num_seqs - 1), Int32(0)), row), h,
-                                   None, None])
+        dfinal_src = flat(t.dfinal[self._state_row(seq, a.num_seqs, row), h, None, None])
         vectors = min(STATE_BATCH, P * N // THREADS) // CHUNK
         dot = Float32(0.0)
         for part in cutlass.range_constexpr(P * N // (THREADS * CHUNK * vectors)):

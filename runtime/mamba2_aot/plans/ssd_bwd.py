@@ -394,7 +394,8 @@ class SsdBackwardPlan(CompositePlan):
         states, partials = views["states"], views["partials"]
         # with d_state_splits, the chunk pass writes each part's shares of dx, dz and ddt as its dx, dz and ddt, and
         # ssd_bwd_reduce adds them: (gradient, its shares)
-        shared_grads = [(grad, views[f"{grad.name}_shares"]) for grad in (dx, dz, ddt) if grad is not None and parts > 1]
+        shared_grads = [(grad, views[f"{grad.name}_shares"]) for grad in (dx, dz, ddt)
+                        if grad is not None and parts > 1]
         chunk_grads = {grad.name: _rename(share, grad.name) for grad, share in shared_grads}
         chunk_dx, chunk_dz, chunk_ddt = (chunk_grads.get(name, grad) for name, grad in (("dx", dx), ("dz", dz),
                                                                                          ("ddt", ddt)))
