@@ -161,7 +161,8 @@ def test_workspace_sized_for_a_call_serves_every_smaller_call(H, G, N, batch):
 
 def test_group_and_share_sum_sizes_match_the_kernels():
     from kernel_src.families import kernel_class
-    from mamba2_aot.plans.ssd_bwd import GROUP_SUM_ELEMENTS, SHARE_SUM_ELEMENTS, d_state_splits
+    from mamba2_aot.plans.ssd_bwd import GROUP_SUM_ELEMENTS, SHARE_SUM_ELEMENTS, WALKS_D_STATES, d_state_splits
+    assert kernel_class("ssd_bwd_walks").d_states == WALKS_D_STATES
     assert kernel_class("ssd_bwd_reduce").group_sum_elements == GROUP_SUM_ELEMENTS
     assert kernel_class("ssd_bwd_reduce").share_sum_elements == SHARE_SUM_ELEMENTS
     for d_state in (64, 128, 256):
