@@ -69,7 +69,15 @@ def floor_bytes(s: Shape) -> int:
     return activations + s.batch * s.H * s.P * s.N * 4
 
 
-def bench_ours(s: Shape) -> dict:
+def _times(run, n: int, after_gemm: bool) -> dict:
+    """Graph and eager times of ``run`` over ``n`` input sets, and after a GEMM when asked."""
+    times = {"us": graph_time_us(run, n), "eager_us": eager_time_us(run, n)}
+    if after_gemm:
+        times["after_gemm_us"] = graph_time_after_gemm_us(run, n)
+    return times
+
+
+def bench_ours(s: Shape, after_gemm: bool = False) -> dict:
     from mamba2_aot import runtime
     n = rotation(floor_bytes(s), most=16)
     sets = [make_inputs(s, seed=i) for i in range(n)]
@@ -81,11 +89,10 @@ def bench_ours(s: Shape) -> dict:
     def run(i):
         runtime.launch("ssd_fwd", **sets[i], out=outs[i], final_states=finals[i], chunk_size=s.Q, dt_softplus=True,
                        workspace=spaces[i])
-    return {"us": graph_time_us(run, n), "after_gemm_us": graph_time_after_gemm_us(run, n),
-            "eager_us": eager_time_us(run, n), "workspace_bytes": workspace}
+    return {**_times(run, n, after_gemm), "workspace_bytes": workspace}
 
 
-def bench_triton(s: Shape) -> dict:
+def bench_triton(s: Shape, after_gemm: bool = False) -> dict:
     from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
     n = rotation(floor_bytes(s), most=16)
     sets = [make_inputs(s, seed=i) for i in range(n)]
@@ -101,14 +108,13 @@ def bench_triton(s: Shape) -> dict:
     workspace = torch.cuda.max_memory_allocated() - base - out.numel() * out.element_size() - \
         final.numel() * final.element_size()
     del out, final
-    return {"us": graph_time_us(run, n), "after_gemm_us": graph_time_after_gemm_us(run, n),
-            "eager_us": eager_time_us(run, n), "workspace_bytes": workspace}
+    return {**_times(run, n, after_gemm), "workspace_bytes": workspace}
 
 
 def measure(s: Shape, bandwidth: float, baseline: bool) -> dict:
     """One row: ours and (when asked, side by side in one fresh process) Triton's graph and eager times,
-    workspace, roofline."""
-    ours, triton = side_by_side(bench_ours, bench_triton if baseline else None, s)
+    workspace, roofline; with the baseline, both also after a GEMM (the comparison that figure is for)."""
+    ours, triton = side_by_side(bench_ours, bench_triton if baseline else None, s, baseline)
     row = {"shape": s.name, **s._asdict(), "floor_us": floor_bytes(s) / bandwidth * 1e6, "ours": ours}
     row["roofline_fraction"] = row["floor_us"] / row["ours"]["us"]
     return with_baseline(row, triton) if baseline else row
