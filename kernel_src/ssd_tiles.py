@@ -283,8 +283,11 @@ def smem_layout(shape):
 @cute.jit
 def scale_rows(scalings, s, part, per_row: cutlass.Constexpr, io_type: cutlass.Constexpr):
     """dst[s, cols] = src[s, cols] · factor for each (src, dst, factor) of ``scalings``, this thread's share of row s,
-    8 elements (16 bytes) at a time. Every share is read before anything is written: the compiler cannot tell the
-    tiles apart, so a read after a write would wait behind it, and each read's latency would be exposed in turn."""
+    8 elements (16 bytes) at a time. The product is taken in the 16-bit ``io_type`` with the factor rounded to it:
+    packed pairs, one instruction per two elements (the fp32 product, rounded to io_type all the same, took an unpack
+    and a multiply per element and a pack per pair; docs/PERF_NOTES.md, twenty-third session). Every share is read
+    before anything is written: the compiler cannot tell the tiles apart, so a read after a write would wait behind
+    it, and each read's latency would be exposed in turn."""
     loaded = []  # (destination vector, factor, source values)
     for src, dst, factor in scalings:
         share = cute.size(src, mode=[1]) // CHUNK // per_row
@@ -292,7 +295,7 @@ def scale_rows(scalings, s, part, per_row: cutlass.Constexpr, io_type: cutlass.C
             chunk = part * share + k
             loaded.append((vector(dst[s, None], chunk), factor, vector(src[s, None], chunk).load()))
     for dst_vector, factor, values in loaded:
-        dst_vector.store((values.to(Float32) * factor).to(io_type))
+        dst_vector.store(values * factor.to(io_type))
 
 
 @cute.jit

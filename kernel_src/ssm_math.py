@@ -72,7 +72,8 @@ def silu(v: Float32) -> Float32:
 
 @cute.jit
 def silu_approx(v):
-    """v · sigmoid(v) = v · (1 + tanh(v / 2)) / 2 with the one-instruction tanh.approx (relative error ~2^-11):
+    """v · sigmoid(v) = h + h · tanh(h) with h = v / 2, with the one-instruction tanh.approx (relative error ~2^-11):
     for outputs rounded to bf16 / fp16, at half the special-function cost of :func:`silu`. Takes scalars or
     vectors."""
-    return v * (0.5 + 0.5 * cute.math.tanh(v * 0.5, approx=True))
+    half = v * 0.5
+    return half + half * cute.math.tanh(half, approx=True)
