@@ -717,17 +717,20 @@ class SsdForward:
         items = TILE * runs
         # every item's tiles read first, outside the row test (a load under a branch cannot be moved above the
         # stores before it, so each item's shared-memory latency was exposed in turn); the last round's surplus
-        # workers read the last item and store nothing
+        # workers read the last item and store nothing. The workers are a multiple of a row's runs, so a worker's
+        # items share one run of columns: D's is read once.
+        assert workers % runs == 0
+        d = vector(sD, worker % runs).load()
         loaded = []
         for k in cutlass.range_constexpr((items + workers - 1) // workers):
             item = cute.math.min(worker + k * workers, Int32(items - 1))
             s, run = item // runs, item % runs
             z = vector(sZ[s, None], run).load() if cutlass.const_expr(gated) else None
-            loaded.append((vector(sY[s, None], run).load(), vector(sD, run).load(), vector(sX[s, None], run).load(), z))
+            loaded.append((vector(sY[s, None], run).load(), vector(sX[s, None], run).load(), z))
         for k in cutlass.range_constexpr((items + workers - 1) // workers):
             item = worker + k * workers
             s, run = item // runs, item % runs
-            y_part, d, x, z = loaded[k]
+            y_part, x, z = loaded[k]
             y = cute.make_rmem_tensor((CHUNK,), Float32)
             y.store(y_part + d * x.to(Float32))
             if cutlass.const_expr(gated):
