@@ -718,8 +718,9 @@ class SsdForward:
         # every item's tiles read first, outside the row test (a load under a branch cannot be moved above the
         # stores before it, so each item's shared-memory latency was exposed in turn); the last round's surplus
         # workers read the last item and store nothing. The workers are a multiple of a row's runs, so a worker's
-        # items share one run of columns: D's is read once.
-        assert workers % runs == 0
+        # items share one run of columns: D's is read once (a surplus item's y pairs another run's x with it, and
+        # is never stored).
+        assert workers % runs == 0, "a worker's items must share a run of columns (D is read once)"
         d = vector(sD, worker % runs).load()
         loaded = []
         for k in cutlass.range_constexpr((items + workers - 1) // workers):

@@ -283,9 +283,11 @@ def smem_layout(shape):
 @cute.jit
 def scale_rows(scalings, s, part, per_row: cutlass.Constexpr, io_type: cutlass.Constexpr):
     """dst[s, cols] = src[s, cols] · factor for each (src, dst, factor) of ``scalings``, this thread's share of row s,
-    8 elements (16 bytes) at a time. The product is taken in the 16-bit ``io_type`` with the factor rounded to it:
-    packed pairs, one instruction per two elements (the fp32 product, rounded to io_type all the same, took an unpack
-    and a multiply per element and a pack per pair; docs/PERF_NOTES.md, twenty-third session). Every share is read
+    8 elements (16 bytes) at a time. The product is taken in the 16-bit ``io_type`` with the factor rounded to it first:
+    packed pairs, one instruction per two elements (the fp32 product took an unpack and a multiply per element and a
+    pack per pair; docs/PERF_NOTES.md, twenty-third session). The factor's rounding is the one addition: at most 2^-8
+    relative in bf16, 2^-11 in fp16's normal range (an fp16 factor below 2^-24 becomes 0, one past 65504 inf). Every
+    share is read
     before anything is written: the compiler cannot tell the tiles apart, so a read after a write would wait behind
     it, and each read's latency would be exposed in turn."""
     loaded = []  # (destination vector, factor, source values)

@@ -72,7 +72,7 @@ def silu(v: Float32) -> Float32:
 
 @cute.jit
 def silu_approx(v):
-    """v · sigmoid(v) = h + h · tanh(h) with h = v / 2, with the one-instruction tanh.approx (relative error ~2^-11):
+    """v · sigmoid(v) = h + h · tanh(h), h = v / 2, using the one-instruction tanh.approx (relative error ~2^-11):
     for outputs rounded to bf16 / fp16, at half the special-function cost of :func:`silu`. Takes scalars or
     vectors."""
     half = v * 0.5

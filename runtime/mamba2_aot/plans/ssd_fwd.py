@@ -36,15 +36,16 @@ workspace              (n,) or None                    fp32          scratch for
                                                                      aligned, contiguous
 =====================  ==============================  ============  ===========================================
 
-``nchunks = ceil(L / chunk_size)``; chunk_size is 64, 128 or 256 and only places ``chunk_states`` (the kernel
-computes in 64-token blocks whatever the chunk size). The state dtype (the variant's) is the dtype of the
-state arrays: fp32, or bf16 / fp16 for state pools; initial and final states share it. The tensor-core products
-take their operands in the I/O dtype (accumulating in fp32): C·Bᵀ scaled by Δ and the decays, the Δ-weighted x and
-the state entering each 64-token block (never the carried fp32 state) are rounded to it, as in the Triton kernels. With
-fp16 I/O such an operand beyond 65504 (e.g. |C_t·B_s|·Δ_s) becomes inf; bf16 has fp32's range. Each (sequence or slot,
-head) state block is a contiguous P × N matrix. x, z, B and C are read and out written with 16-byte vectors:
-their data pointers must be 16-byte aligned and their batch, L and head/group strides multiples of 8 elements
-(true of dense tensors and of column slices of a fused projection whose widths are multiples of 8).
+``nchunks = ceil(L / chunk_size)``; chunk_size is 64, 128 or 256 and only places ``chunk_states`` (the kernel computes
+in 64-token blocks whatever the chunk size). The state dtype (the variant's) is the dtype of the state arrays: fp32, or
+bf16 / fp16 for state pools; initial and final states share it. The tensor-core products take their operands in the I/O
+dtype (accumulating in fp32): C·Bᵀ scaled by Δ and the decays, the Δ-weighted x and the state entering each 64-token
+block (never the carried fp32 state) are rounded to it, as in the Triton kernels (the weighted x's weight
+Δ_s·2^(cs_end-cs_s) is rounded to it too, before the product). With fp16 I/O such an operand beyond 65504 (e.g.
+abs(C_t·B_s)·Δ_s, or a weight with Δ past 65504: NaN where x is 0) becomes inf; bf16 has fp32's range. Each (sequence or
+slot, head) state block is a contiguous P × N matrix. x, z, B and C are read and out written with 16-byte vectors: their
+data pointers must be 16-byte aligned and their batch, L and head/group strides multiples of 8 elements (true of dense
+tensors and of column slices of a fused projection whose widths are multiples of 8).
 
 Sequences (what ``num_seqs`` counts): without packing, row b is sequence b. With ``cu_seqlens`` (batch 1),
 sequence i is tokens cu_seqlens[i]:cu_seqlens[i+1] (non-decreasing; entries are clamped to [0, L], so a bad
