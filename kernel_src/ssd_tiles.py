@@ -287,17 +287,17 @@ def scale_rows(scalings, s, part, per_row: cutlass.Constexpr, io_type: cutlass.C
     packed pairs, one instruction per two elements (the fp32 product took an unpack and a multiply per element and a
     pack per pair; docs/PERF_NOTES.md, twenty-third session). The factor's rounding is the one addition: at most 2^-8
     relative in bf16, 2^-11 in fp16's normal range (an fp16 factor below 2^-24 becomes 0, one past 65504 inf). Every
-    share is read
-    before anything is written: the compiler cannot tell the tiles apart, so a read after a write would wait behind
-    it, and each read's latency would be exposed in turn."""
-    loaded = []  # (destination vector, factor, source values)
+    share is read before anything is written: the compiler cannot tell the tiles apart, so a read after a write would
+    wait behind it, and each read's latency would be exposed in turn."""
+    loaded = []  # (destination vector, factor in io_type, source values)
     for src, dst, factor in scalings:
         share = cute.size(src, mode=[1]) // CHUNK // per_row
+        rounded = factor.to(io_type)
         for k in cutlass.range_constexpr(share):
             chunk = part * share + k
-            loaded.append((vector(dst[s, None], chunk), factor, vector(src[s, None], chunk).load()))
+            loaded.append((vector(dst[s, None], chunk), rounded, vector(src[s, None], chunk).load()))
     for dst_vector, factor, values in loaded:
-        dst_vector.store(values * factor.to(io_type))
+        dst_vector.store(values * factor)
 
 
 @cute.jit
