@@ -19,8 +19,9 @@ cp.async while the block before it finishes, once that block's products are done
 the other of two buffers). Meanwhile warp 0 computes the block's Δ and cumsums, and the other warps write the
 previous block's outputs. The products C·Bᵀ, C·h₀ᵀ (its rows then scaled by e_t = 2^(cs_t - cs_0-) in fp32), S·x
 and (Δ-weighted x)ᵀ·B are bf16/fp16 tensor-core MMAs with fp32 accumulation: on sm_90a (N <= 128: one
-warpgroup) Hopper warpgroup MMAs reading both operands from the shared tiles, elsewhere warp MMAs (mma.sync
-m16n8k16 from ldmatrix fragments; sm_100a has no wgmma); h is rounded to the I/O dtype only as an MMA operand for
+warpgroup) Hopper warpgroup MMAs reading their operands from the shared tiles (S·x takes the masked S from the
+registers that computed it), elsewhere warp MMAs (mma.sync m16n8k16 from ldmatrix fragments, S through shared
+memory; sm_100a has no wgmma); h is rounded to the I/O dtype only as an MMA operand for
 the C·h₀ᵀ term (as in the Triton kernels), never in the carried state. No per-chunk state goes through HBM (a split
 call, below, stores one state per segment).
 
@@ -129,7 +130,8 @@ class SsdForward:
         return (72, 36) if self._warpgroup_mma() else (68, 32)
 
     def _scratch_floats(self):
-        """One buffer holds S and the weighted x while the products run, then y (fp32)."""
+        """One buffer holds the weighted x (and S, where the warp MMAs read it from shared memory) while the products
+        run, then y (fp32)."""
         operands = (TILE * TILE + TILE * P_TILE) * 2
         return max(operands, TILE * self._y_pitches()[0] * 4) // 4
 
@@ -537,18 +539,22 @@ class SsdForward:
         mma.wait()
         if cutlass.const_expr(mma.asynchronous):
             mma.gemm(acc_y, sC, sH, self.d_state // 16, wait=False)  # C·h₀ᵀ runs while S is masked
-            self._mask_scores(mma, acc_s, sS, sDelta, sCs, s0, s1, io_type)
+            self._mask_scores(mma, acc_s, sDelta, sCs, s0, s1)
+            scores = mma.accumulator_operand(acc_s, TILE)
             mma.wait()
+            self._decay_rows(mma, acc_y, sCs, base)
+            # S·x from S in registers needs no other warp's work: it runs while the barrier publishes the weighted x;
+            # it and h's update run as one asynchronous group (the last, in _advance_state, waits for both)
+            mma.gemm_registers(acc_y, scores, transposed(sX, TILE, P_TILE), TILE // 16, wait=False)
+            fence_operands(mma)
+            cute.arch.sync_threads()  # the weighted x is complete
         else:  # (one accumulator fewer is live during the mask)
-            self._mask_scores(mma, acc_s, sS, sDelta, sCs, s0, s1, io_type)
+            self._mask_scores(mma, acc_s, sDelta, sCs, s0, s1)
+            store_pairs(mn_view(acc_s), mn_view(mma.thr.partition_C(sS)), io_type)
             mma.gemm(acc_y, sC, sH, self.d_state // 16)
-        self._decay_rows(mma, acc_y, sCs, base)
-        fence_operands(mma)
-        cute.arch.sync_threads()  # S and the weighted x are complete
-
-        # y's S·x and h's update run as one asynchronous group on sm_90a (independent accumulators); the last,
-        # in _advance_state, waits for both before anyone reads acc_y or rewrites an operand tile
-        mma.gemm(acc_y, sS, transposed(sX, TILE, P_TILE), TILE // 16, b_transposed=True, wait=False)
+            self._decay_rows(mma, acc_y, sCs, base)
+            cute.arch.sync_threads()  # S and the weighted x are complete
+            mma.gemm(acc_y, sS, transposed(sX, TILE, P_TILE), TILE // 16, b_transposed=True)
         self._advance_state(mma, acc_h, sXw, sB, base, cs_end)
         cute.arch.sync_threads()  # every warp done reading the scratch operands and h₀
         return acc_y
@@ -664,13 +670,11 @@ class SsdForward:
             store_state(states.chunks[row, chunk, h, None, None], mma, acc_h, p0, Float32, paired=True)
 
     @cute.jit
-    def _mask_scores(self, mma, acc_s, sS, sDelta, sCs, s0, s1, io_type):
-        """S = C·Bᵀ (in acc_s) ⊙ 2^(cs_i - cs_j) Δ_j on s0 <= j <= i < s1 (zero elsewhere), into sS in the I/O
-        dtype."""
+    def _mask_scores(self, mma, acc_s, sDelta, sCs, s0, s1):
+        """S = C·Bᵀ (in acc_s) ⊙ 2^(cs_i - cs_j) Δ_j on s0 <= j <= i < s1 (zero elsewhere), in place."""
         zero = Float32(0.0)
         S = mn_view(acc_s)
         S_coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, TILE))))
-        S_smem = mn_view(mma.thr.partition_C(sS))
         cols = cute.size(S, mode=[1])
         cs_cols = cute.make_rmem_tensor((cols,), Float32)
         delta_cols = cute.make_rmem_tensor((cols,), Float32)
@@ -687,7 +691,6 @@ class SsdForward:
                 decay = cute.math.exp2(cute.math.min(cs_i - cs_cols[c], zero), fastmath=True)
                 keep = in_rows & (j <= i)
                 S[r, c] = Float32(cutlass.select_(keep, S[r, c] * decay * delta_cols[c], zero))
-        store_pairs(S, S_smem, io_type)
 
     @cute.jit
     def _decay_rows(self, mma, acc_y, sCs, base):

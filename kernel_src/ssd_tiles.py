@@ -177,7 +177,9 @@ class WarpgroupMmaParts:
     """Hopper warpgroup MMA (wgmma, sm_90a only; ``warpgroups`` of 4 warps side by side along N, fp32
     accumulation) with :class:`MmaParts`' interface: ``gemm`` reads both operands straight from the shared tiles
     (``smem_layout``'s 128-byte swizzle is the wgmma canonical one; a transposed view is an M- / N-major operand),
-    so there are no ldmatrix copies and one instruction covers 64 × (64 / warpgroups) × 16."""
+    so there are no ldmatrix copies and one instruction covers 64 × (64 / warpgroups) × 16. ``gemm_registers``
+    takes A from registers instead: an accumulator of an earlier product, rounded in place
+    (:meth:`accumulator_operand`)."""
 
     asynchronous = True  # gemm(..., wait=False) returns while the product runs
 
@@ -192,6 +194,11 @@ class WarpgroupMmaParts:
             return mma
         k, mn = OperandMajorMode.K, OperandMajorMode.MN
         self.by_major = {(False, False): tiled(k, k), (False, True): tiled(k, mn), (True, True): tiled(mn, mn)}
+        # A from registers (K-major by construction), B an MN-major tile: S · x with S straight from the mask
+        self.from_registers = sm90_utils.make_trivial_tiled_mma(io_type, io_type, k, mn, Float32, (1, warpgroups, 1),
+                                                                (64, 64 // warpgroups),
+                                                                a_source=warpgroup.OperandSource.RMEM)
+        self.from_registers.set(warpgroup.Field.ACCUMULATE, True)
         self.thr = self.by_major[(False, False)].get_slice(tid)  # the accumulators' layout: the same for all
         self.tid = tid
         self.io_type = io_type
@@ -221,6 +228,31 @@ class WarpgroupMmaParts:
     def wait(self):
         """Wait for every product issued so far (``gemm(..., wait=False)``)."""
         warpgroup.wait_group(0)
+
+    @cute.jit
+    def accumulator_operand(self, acc, k: cutlass.Constexpr):
+        """A 64 × ``k`` accumulator rounded to the I/O dtype as the A operand of :meth:`gemm_registers`, in the
+        registers that hold it: an m64nK accumulator's values (column pair, row half, 8-column block) are, in
+        order, the k16 A fragments' (column pair, row half, k half, k block), so the value at each index carries
+        over."""
+        thr = self.from_registers.get_slice(self.tid)
+        frag = thr.make_fragment_A(thr.partition_shape_A((64, k)))
+        for e in cutlass.range_constexpr(cute.size(acc)):
+            frag[e] = acc[e].to(self.io_type)
+        return frag
+
+    @cute.jit
+    def gemm_registers(self, acc, frag_A, sB, k_blocks: cutlass.Constexpr, wait: cutlass.Constexpr = True):
+        """acc += A · sBᵀ with A an :meth:`accumulator_operand` and ``sB`` a transposed (MN-major) tile view."""
+        tiled_mma = self.from_registers
+        thr = tiled_mma.get_slice(self.tid)
+        frag_B = tiled_mma.make_fragment_B(thr.partition_B(self._operand(sB)))
+        warpgroup.fence()
+        for k in cutlass.range_constexpr(k_blocks):
+            cute.gemm(tiled_mma, acc, frag_A[None, None, k], frag_B[None, None, k], acc)
+        warpgroup.commit_group()
+        if cutlass.const_expr(wait):
+            warpgroup.wait_group(0)
 
 
 def make_mma(io_type, tid, warps, warpgroups: int):
