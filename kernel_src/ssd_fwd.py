@@ -76,7 +76,7 @@ class SsdForward:
     change_slots = 1
     gate_buffers = 2          # z's tiles (the walk with outputs)
     segment_handover = True   # split calls' segments may hand their states over
-    weighted_x_offset = TILE * TILE  # where the weighted x sits in the scratch (after S)
+    weighted_x_offset = TILE * TILE  # where the weighted x sits in the scratch (after S, stored there by warp MMAs)
 
     def __init__(self, headdim: int, d_state: int, io_dtype: str, state_dtype: str):
         expect_constants(self, headdim=headdim, d_state=d_state, io_dtype=io_dtype, state_dtype=state_dtype)
@@ -90,7 +90,7 @@ class SsdForward:
 
     # The CTA's shape follows the MMA kind, so it is known once the build has set target_arch.
     def _warpgroup_mma(self):
-        """sm_90a up to N = 128: one warpgroup's MMAs read both operands from the shared tiles (sm_100a has no wgmma;
+        """sm_90a up to N = 128: one warpgroup's MMAs read their operands from the shared tiles (sm_100a has no wgmma;
         N = 256 holds a state too large for one warpgroup's registers)."""
         assert self.target_arch is not None, "ssd_fwd's CTA shape follows the target: set target_arch first"
         return self.target_arch == "sm_90a" and self.d_state <= 128
@@ -543,8 +543,8 @@ class SsdForward:
             scores = mma.accumulator_operand(acc_s, TILE)
             mma.wait()
             self._decay_rows(mma, acc_y, sCs, base)
-            # S·x from S in registers needs no other warp's work: it runs while the barrier publishes the weighted x;
-            # it and h's update run as one asynchronous group (the last, in _advance_state, waits for both)
+            # S·x from S in registers needs no other warp's work: it runs while the barrier publishes the weighted x
+            # (h's update, in _advance_state, waits for both products before anyone reads acc_y)
             mma.gemm_registers(acc_y, scores, transposed(sX, TILE, P_TILE), TILE // 16, wait=False)
             fence_operands(mma)
             cute.arch.sync_threads()  # the weighted x is complete

@@ -234,9 +234,10 @@ class WarpgroupMmaParts:
         """A 64 × ``k`` accumulator rounded to the I/O dtype as the A operand of :meth:`gemm_registers`, in the
         registers that hold it: an m64nK accumulator's values (column pair, row half, 8-column block) are, in
         order, the k16 A fragments' (column pair, row half, k half, k block), so the value at each index carries
-        over."""
+        over. One warpgroup only: side by side along N, each would hold part of the columns A needs whole."""
         thr = self.from_registers.get_slice(self.tid)
         frag = thr.make_fragment_A(thr.partition_shape_A((64, k)))
+        assert cute.size(frag) == cute.size(acc), "the accumulator must hold the operand's every value (one warpgroup)"
         for e in cutlass.range_constexpr(cute.size(acc)):
             frag[e] = acc[e].to(self.io_type)
         return frag
@@ -247,7 +248,7 @@ class WarpgroupMmaParts:
         tiled_mma = self.from_registers
         thr = tiled_mma.get_slice(self.tid)
         frag_B = tiled_mma.make_fragment_B(thr.partition_B(self._operand(sB)))
-        warpgroup.fence()
+        warpgroup.fence()  # the operand's and the accumulators' register writes before the asynchronous MMAs
         for k in cutlass.range_constexpr(k_blocks):
             cute.gemm(tiled_mma, acc, frag_A[None, None, k], frag_B[None, None, k], acc)
         warpgroup.commit_group()
