@@ -184,10 +184,10 @@ class WarpgroupMmaParts:
     asynchronous = True  # gemm(..., wait=False) returns while the product runs
 
     def __init__(self, io_type, tid, warpgroups: int = 1):
-        def tiled(a_major, b_major):
+        def tiled(a_major, b_major, a_source=warpgroup.OperandSource.SMEM):
             # more warpgroups side by side along N, each m64 × 64/warpgroups per instruction
             mma = sm90_utils.make_trivial_tiled_mma(io_type, io_type, a_major, b_major, Float32, (1, warpgroups, 1),
-                                                    (64, 64 // warpgroups))
+                                                    (64, 64 // warpgroups), a_source=a_source)
             # always D += A·B (callers zero a fresh accumulator); set here, outside the kernels' loops: the flag
             # is state of the object, which a loop body must not rebind
             mma.set(warpgroup.Field.ACCUMULATE, True)
@@ -195,10 +195,7 @@ class WarpgroupMmaParts:
         k, mn = OperandMajorMode.K, OperandMajorMode.MN
         self.by_major = {(False, False): tiled(k, k), (False, True): tiled(k, mn), (True, True): tiled(mn, mn)}
         # A from registers (K-major by construction), B an MN-major tile: S · x with S straight from the mask
-        self.from_registers = sm90_utils.make_trivial_tiled_mma(io_type, io_type, k, mn, Float32, (1, warpgroups, 1),
-                                                                (64, 64 // warpgroups),
-                                                                a_source=warpgroup.OperandSource.RMEM)
-        self.from_registers.set(warpgroup.Field.ACCUMULATE, True)
+        self.from_registers = tiled(k, mn, warpgroup.OperandSource.RMEM)
         self.thr = self.by_major[(False, False)].get_slice(tid)  # the accumulators' layout: the same for all
         self.tid = tid
         self.io_type = io_type
@@ -218,7 +215,13 @@ class WarpgroupMmaParts:
         thr = tiled_mma.get_slice(self.tid)
         frag_A = tiled_mma.make_fragment_A(thr.partition_A(self._operand(sA)))
         frag_B = tiled_mma.make_fragment_B(thr.partition_B(self._operand(sB)))
-        warpgroup.fence()  # the accumulators' register writes before the asynchronous MMAs
+        self._issue(tiled_mma, acc, frag_A, frag_B, k_blocks, wait)
+
+    @cute.jit
+    def _issue(self, tiled_mma, acc, frag_A, frag_B, k_blocks: cutlass.Constexpr, wait: cutlass.Constexpr):
+        """The k blocks' MMAs as one commit group, after a fence that orders the register writes before them (the
+        accumulators', and A's when it comes from registers); with ``wait``, waits for every group issued."""
+        warpgroup.fence()
         for k in cutlass.range_constexpr(k_blocks):
             cute.gemm(tiled_mma, acc, frag_A[None, None, k], frag_B[None, None, k], acc)
         warpgroup.commit_group()
@@ -248,12 +251,7 @@ class WarpgroupMmaParts:
         tiled_mma = self.from_registers
         thr = tiled_mma.get_slice(self.tid)
         frag_B = tiled_mma.make_fragment_B(thr.partition_B(self._operand(sB)))
-        warpgroup.fence()  # the operand's and the accumulators' register writes before the asynchronous MMAs
-        for k in cutlass.range_constexpr(k_blocks):
-            cute.gemm(tiled_mma, acc, frag_A[None, None, k], frag_B[None, None, k], acc)
-        warpgroup.commit_group()
-        if cutlass.const_expr(wait):
-            warpgroup.wait_group(0)
+        self._issue(tiled_mma, acc, frag_A, frag_B, k_blocks, wait)
 
 
 def make_mma(io_type, tid, warps, warpgroups: int):
