@@ -53,9 +53,9 @@ from cutlass import Float32, Int32
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
 from kernel_src.families import expect_constants
 from kernel_src.ssd_tiles import (CHUNK, SCAN_GROUP, SMEM_ALIGN, TILE, VECTOR, async_tile_copy, block_cumsum, buffer,
-                                  fence_operands, load_tile, make_mma, mask_bit, mn_view, next_change, pairs, scale_rows,
-                                  scan_slot, smem_layout, source_tokens, store_change_bits, store_pairs, store_state,
-                                  transposed, vec, vector, view)
+                                  fence_operands, load_tile, make_mma, mask_bit, mn_view, next_change, pairs, role_sync,
+                                  scale_rows, scan_slot, smem_layout, source_tokens, store_change_bits, store_pairs,
+                                  store_state, transposed, vec, vector, view)
 from kernel_src.ssm_math import delta_from_dt, silu_approx
 
 P_TILE = 64      # head-dim rows per CTA
@@ -110,6 +110,11 @@ class SsdForward:
     @property
     def block(self):
         return (self.threads, 1, 1)
+
+    @property
+    def product_threads(self):
+        """The threads that run a walk's products (and weigh x's rows): the CTA's."""
+        return self.threads
 
     @property
     def scan_group(self):
@@ -209,17 +214,7 @@ class SsdForward:
                    vec(a.stride_out_head), 1)
         D = view(a.D, (H, P), a.stride_D_head, a.stride_D_dim)
         seq_idx = view(a.seq_idx, (a.batch, L), a.stride_seq_idx_batch, a.stride_seq_idx_seqlen)
-        states = StateViews(
-            initial=view(a.initial_states, (a.num_initial_slots, H, P, N), a.stride_initial_states_slot,
-                         a.stride_initial_states_head, N, 1),
-            initial_indices=view(a.initial_state_indices, (a.num_seqs,), a.stride_initial_state_indices_seq),
-            final=view(a.final_states, (a.num_final_slots, H, P, N), a.stride_final_states_slot,
-                       a.stride_final_states_head, N, 1),
-            final_indices=view(a.final_state_indices, (a.num_seqs,), a.stride_final_state_indices_seq),
-            chunks=view(a.chunk_states, (a.batch, a.nchunks, H, P, N), pairs(a.stride_chunk_states_batch),
-                        pairs(a.stride_chunk_states_chunk), pairs(a.stride_chunk_states_head), N, 1),
-            blocks=self._block_states_view(a),
-        )
+        states = self._state_views(a)
 
         # This CTA's tokens: [start, end) of one row (or of one segment of it), and the number of its first sequence.
         segment = source % a.segments
@@ -328,6 +323,21 @@ class SsdForward:
             if cutlass.const_expr(self.segment_handover):
                 if (a.has_segment_flags != 0) & (segment < a.segments - 1):
                     self._set_flag(self._segment_flag(a, ptile, h, row, segment), tid)
+
+    def _state_views(self, a):
+        """The call's state tensors (:class:`StateViews`), as views of its pointers."""
+        P, N, H = self.headdim, self.d_state, a.nheads
+        return StateViews(
+            initial=view(a.initial_states, (a.num_initial_slots, H, P, N), a.stride_initial_states_slot,
+                         a.stride_initial_states_head, N, 1),
+            initial_indices=view(a.initial_state_indices, (a.num_seqs,), a.stride_initial_state_indices_seq),
+            final=view(a.final_states, (a.num_final_slots, H, P, N), a.stride_final_states_slot,
+                       a.stride_final_states_head, N, 1),
+            final_indices=view(a.final_state_indices, (a.num_seqs,), a.stride_final_state_indices_seq),
+            chunks=view(a.chunk_states, (a.batch, a.nchunks, H, P, N), pairs(a.stride_chunk_states_batch),
+                        pairs(a.stride_chunk_states_chunk), pairs(a.stride_chunk_states_head), N, 1),
+            blocks=self._block_states_view(a),
+        )
 
     def _segment_flag(self, a, ptile, h, row, segment):
         """The flag segment ``segment`` of (row, head, ptile) sets once its end state is written: its CTA's linear
@@ -520,14 +530,15 @@ class SsdForward:
         return cute.arch.shuffle_sync(s1, 31)
 
     @cute.jit
-    def _products(self, work, s0, s1, tid, io_type: cutlass.Constexpr):
+    def _products(self, work, s0, s1, tid, io_type: cutlass.Constexpr, walk_barrier=None):
         """Rows [s0, s1) of the block (one sequence): y (before D and the gate) and h advanced past them, in the
         accumulators; when it returns, no MMA reads the block's tiles or the scratch operands any more (the
         outputs still read x).
 
         y = e ⊙ (C · h₀ᵀ) + S · x (e_i = the entering state's decay to row i, applied to the accumulator's rows),
         one accumulator beside h and S. Per-row and per-column values of a thread's fragment are read once, and
-        masks are selects."""
+        masks are selects. The warps that run them synchronize on ``walk_barrier`` (a named barrier of
+        ``product_threads``; ssd_fwd_paired's product warpgroups), or, by default, on the CTA's barrier."""
         mma, acc_h, sX, sB, sC, sS, sXw, _, sH, sDelta, sCs = work
         base, cs_end = self._run_cumsums(sCs, s0, s1)
         acc_s = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
@@ -547,7 +558,7 @@ class SsdForward:
             # (h's update, in _advance_state, waits for both products before anyone reads acc_y)
             mma.gemm_registers(acc_y, scores, transposed(sX, TILE, P_TILE), TILE // 16, wait=False)
             fence_operands(mma)
-            cute.arch.sync_threads()  # the weighted x is complete
+            self._walk_sync(walk_barrier)  # the weighted x is complete
         else:  # (one accumulator fewer is live during the mask)
             self._mask_scores(mma, acc_s, sDelta, sCs, s0, s1)
             store_pairs(mn_view(acc_s), mn_view(mma.thr.partition_C(sS)), io_type)
@@ -556,8 +567,15 @@ class SsdForward:
             cute.arch.sync_threads()  # S and the weighted x are complete
             mma.gemm(acc_y, sS, transposed(sX, TILE, P_TILE), TILE // 16, b_transposed=True)
         self._advance_state(mma, acc_h, sXw, sB, base, cs_end)
-        cute.arch.sync_threads()  # every warp done reading the scratch operands and h₀
+        self._walk_sync(walk_barrier)  # every warp done reading the scratch operands and h₀
         return acc_y
+
+    def _walk_sync(self, walk_barrier):
+        """The products' barrier: the CTA's, or the named barrier ``walk_barrier`` of ``product_threads``."""
+        if cutlass.const_expr(walk_barrier is None):
+            cute.arch.sync_threads()
+        else:
+            role_sync(walk_barrier, self.product_threads)
 
     @cute.jit
     def _stage_outputs(self, work, acc_y, io_type: cutlass.Constexpr):
@@ -571,7 +589,7 @@ class SsdForward:
     def _weigh_rows(self, sX, sXw, sDelta, sCs, s0, s1, cs_end, tid, io_type: cutlass.Constexpr):
         """sXw = Δ_s 2^(cs_end - cs_s) x_s on rows [s0, s1), zero elsewhere: this thread's share of a row, in
         16-byte vectors."""
-        per_row = self.threads // TILE
+        per_row = self.product_threads // TILE
         s = tid // per_row
         zero = Float32(0.0)
         weight = Float32(cutlass.select_((s >= s0) & (s < s1), cute.math.exp2(cute.math.min(cs_end - sCs[s], zero),
