@@ -255,14 +255,14 @@ def test_incremental_rebuild(two_clean_builds):
 
 
 def test_ssd_fwd_takes_warpgroup_mma_only_on_sm90a(two_clean_builds):
-    """sm_90a ssd_fwd (and its states-only walks) with one warpgroup (N <= 128) multiplies with wgmma (HGMMA in the
-    SASS, no warp MMA); sm_100a, which has no wgmma, and N = 256 keep the warp MMA (HMMA)."""
+    """sm_90a ssd_fwd (its paired kernel, and its states-only walks) with one warpgroup per head (N <= 128) multiplies
+    with wgmma (HGMMA in the SASS, no warp MMA); sm_100a, which has no wgmma, and N = 256 keep the warp MMA (HMMA)."""
     tree = two_clean_builds[0]
     seen = set()
     for package, arch in (("mamba2_aot_cubins_sm90", "sm_90a"), ("mamba2_aot_cubins_sm100", "sm_100a")):
         manifest = json.loads((tree / "build/stage" / package / "manifest.json").read_text())
         for v in manifest["variants"]:
-            if v["family"] not in ("ssd_fwd", "ssd_fwd_states", "ssd_bwd_walks"):
+            if v["family"] not in ("ssd_fwd", "ssd_fwd_paired", "ssd_fwd_states", "ssd_bwd_walks"):
                 continue
             sass = subprocess.run([toolchain.cuobjdump(), "-sass", str(tree / "build/stage" / package / v["file"])],
                                   check=True, capture_output=True, text=True).stdout

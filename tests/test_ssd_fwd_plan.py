@@ -319,6 +319,69 @@ def test_calls_over_a_wave_that_are_not_handed_over(change):
     assert call.grid[2] == 1
 
 
+def families(**args):
+    return [family for family, call in PLANS["ssd_fwd"].steps(**adapted(**args))]
+
+
+@pytest.fixture
+def paired_dispatch(monkeypatch):
+    """ssd_fwd_paired switched on (plans.ssd_fwd.PAIRED_DISPATCH: off until racecheck is clean on it)."""
+    from mamba2_aot.plans import ssd_fwd
+    monkeypatch.setattr(ssd_fwd, "PAIRED_DISPATCH", True)
+
+
+def test_the_paired_kernel_is_off_for_now():
+    assert families(**long_args(batch=8, heads=80)) == ["ssd_fwd"]
+
+
+def test_launches_with_cta_pairs_enough_go_to_the_paired_kernel(paired_dispatch):
+    """ssd_fwd_paired runs a launch of two heads per CTA when there are 264 such CTAs or more; the 2.7B shape's
+    handover (320 pairs x 2 segments) is one; 128 heads of one row (64 pairs) stay on the walk."""
+    from mamba2_aot.plans.ssd_fwd import PAIRED_MIN_CTAS
+    assert PAIRED_MIN_CTAS == 264
+    assert families(**long_args(batch=8, heads=80)) == ["ssd_fwd_paired"]
+    assert families(**long_args(batch=8, heads=80, workspace=None)) == ["ssd_fwd_paired"]  # 320 pairs, unsplit
+    assert families(**long_args(batch=4, heads=132, workspace=None)) == ["ssd_fwd_paired"]  # 264: just enough
+    assert families(**long_args(batch=4, heads=130, workspace=None)) == ["ssd_fwd"]  # 260
+    assert families(**long_args(heads=128, workspace=None)) == ["ssd_fwd"]
+
+
+def test_a_states_only_split_stays_on_the_walk(paired_dispatch):
+    """The states-only pass is the walk's alone, and the segments after it fill the GPU's 264 walk slots, which is
+    132 pairs: not enough for the paired kernel (B2 L2048 H64, the first reference shape)."""
+    first, second = steps(**long_args(batch=2, heads=64, seqlen=2048))
+    assert first.params["states_only"] == 1 and second.params["segments"] == 2
+    assert families(**long_args(batch=2, heads=64, seqlen=2048)) == ["ssd_fwd", "ssd_fwd"]
+
+
+@pytest.mark.parametrize("change", ["seq_idx", "odd_heads", "odd_heads_per_group", "d_state_256"])
+def test_launches_the_paired_kernel_cannot_run_stay_on_the_walk(change, paired_dispatch):
+    heads, groups, d_state = 600, 1, N
+    if change == "odd_heads":
+        heads = 601
+    if change == "odd_heads_per_group":
+        groups = 200  # 3 heads per group: a CTA's two heads would read different B and C
+    if change == "d_state_256":
+        d_state = 256
+    args = long_args(heads=heads, d_state=d_state, workspace=None, seqlen=512)
+    args["B"] = fake_array(1 << 44, (1, 512, groups, d_state), "fp16")
+    args["C"] = fake_array(1 << 45, (1, 512, groups, d_state), "fp16")
+    if change == "seq_idx":
+        args["seq_idx"] = fake_array(1 << 42, (1, 512), "int32")
+        del args["final_states"]
+    assert families(**args) == ["ssd_fwd"]
+    if change == "seq_idx":
+        del args["seq_idx"]
+        args["final_states"] = fake_array(1 << 46, (1, heads, P, d_state), "fp32")
+        assert families(**args) == ["ssd_fwd_paired"]
+
+
+def test_the_paired_kernel_is_a_step_not_a_family_of_its_own():
+    assert "ssd_fwd_paired" in PLANS["ssd_fwd"].step_families
+    with pytest.raises(errors.InvalidArgumentError, match="a step of ssd_fwd"):
+        runtime.launch("ssd_fwd_paired", **ssd_args())
+
+
 @pytest.mark.parametrize("workspace,error,fragment", [
     (fake_array(1 << 40, (1024,), "fp16"), errors.DTypeError, "expected dtype fp32"),
     (fake_array(1 << 40, (1024,), "fp32", (2,)), errors.ShapeError, "contiguous fp32"),

@@ -79,6 +79,12 @@ overlaps) whether or not the call uses it; calls on several streams need one eac
 streams' calls would be zeroed under a waiting segment: it would wait forever). The results are bitwise those of
 the unsplit call (the same operations in the same order). Calls with ``seq_idx`` or ``cu_seqlens``, and calls that
 read and write one state pool in place, are not split.
+
+Which kernel runs a launch (:func:`launch_family`): ``ssd_fwd_paired`` (``kernel_src/ssd_fwd_paired.py``: on sm_90a
+with d_state <= 128 one CTA per SM walks two heads with warp-specialized warpgroups; elsewhere its cubin is the walk)
+when the launch has no ``seq_idx``, is not a states-only pass, has an even H and an even number of heads per group, and
+has at least :data:`PAIRED_MIN_CTAS` CTAs of two heads; else ``ssd_fwd``'s walk. Both compute the same values in the
+same order: the outputs are the same bits either way. (Not yet dispatched: :data:`PAIRED_DISPATCH`.)
 """
 from __future__ import annotations
 
@@ -89,7 +95,7 @@ from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_complete, 
                           expect_dtype, expect_given, expect_int, expect_rank, expect_shape, null_absent,
                           expect_state_blocks, record_strides, stride_names, vector_misfit)
 from ..tensors import DeviceArray, as_device_array
-from .base import CompositePlan
+from .base import CompositePlan, LaunchPlan
 from .sequence_states import bind_cu_seqlens, bind_sequence_states, state_dtype
 from .ssm_inputs import SSM_STRIDES, bind_ssm_inputs, x_shape
 
@@ -110,6 +116,15 @@ MIN_SEGMENT = 256  # tokens: shorter segments do not pay for the second launch
 # blocks got ~1.27x faster since, the states-only pass less: not re-measured.)
 STATES_PASS_COST = 0.42
 SHARED_SM_COST = 1.28
+# ssd_fwd_paired's CTAs (two heads each, one per SM) a launch needs for it: two per SM of an H100 / H200. Measured on
+# the H200 (docs/PERF_NOTES.md, twenty-sixth session): 1.1-1.3x faster than the walk from 320 CTAs up; at 64 CTAs (half
+# the SMs) as fast or slower.
+PAIRED_MIN_CTAS = 2 * 132
+# Off until compute-sanitizer's racecheck is clean on ssd_fwd_paired: its GPU tests pass (bitwise the walk's results)
+# and synccheck and memcheck are clean, but racecheck reports hazards at the staged outputs' hand-off, which the PTX
+# memory model orders (barrier arrive / sync; docs/PERF_NOTES.md, twenty-sixth session): not yet explained.
+PAIRED_DISPATCH = False
+PAIRED_FAMILY = "ssd_fwd_paired"
 MAX_HANDOVER_SEGMENTS = 4  # each hand-over costs a wait and a pipeline refill: a few, not many
 # A handover must beat the unsplit walk's waves by this much: the unsplit call's part-empty last wave runs faster
 # than a full one (its CTAs share fewer SMs), so counting it as whole overstates the unsplit cost.
@@ -188,7 +203,7 @@ FORWARD_WALK_PARAMS = (
 
 class SsdForwardPlan(CompositePlan):
     family = "ssd_fwd"
-    step_families = ("ssd_fwd",)
+    step_families = ("ssd_fwd", PAIRED_FAMILY)
     grid_rule = "headdim/64,heads,sequences"
     param_names = FORWARD_WALK_PARAMS + ("segment_flags", "has_segment_flags")
     arrays = ("x", "dt", "A", "B", "C", "out", "D", "z", "dt_bias", "chunk_states", "seq_idx",
@@ -220,7 +235,7 @@ class SsdForwardPlan(CompositePlan):
         call = self.bind(**kwargs)
         if workspace is not None:
             expect_workspace(workspace, "ssd_fwd")
-        return [(self.family, step) for step in split_call(call, workspace)]
+        return [(launch_family(step), step) for step in split_call(call, workspace)]
 
     def bind(self, *, x, dt, A, B, C, out, chunk_size=256, D=None, z=None, dt_bias=None, dt_softplus=False,
              dt_limit=(0.0, math.inf), initial_states=None, initial_state_indices=None, final_states=None,
@@ -398,6 +413,27 @@ def split_call(call: BoundCall, workspace: DeviceArray | None) -> list[BoundCall
     second = BoundCall(call.constants, _segments_grid(call.grid, segments), segmented,
                        inputs=call.inputs + also_read, outputs=call.outputs)
     return [first, second]
+
+
+def launch_family(launch: BoundCall) -> str:
+    """The family whose kernel runs ``launch`` (one launch of an ssd_fwd call): ssd_fwd_paired when it can run it and
+    it has CTAs enough (module docstring), else ssd_fwd."""
+    p = launch.params
+    ptiles, heads, sources = launch.grid
+    runnable = (PAIRED_DISPATCH and not p["states_only"] and not p["has_seq_idx"] and launch.constants["d_state"] <= 128
+                and p["nheads"] % 2 == 0 and p["heads_per_group"] % 2 == 0)
+    return PAIRED_FAMILY if runnable and ptiles * (heads // 2) * sources >= PAIRED_MIN_CTAS else "ssd_fwd"
+
+
+class SsdForwardPairedPlan(LaunchPlan):
+    """ssd_fwd's launches that ``kernel_src/ssd_fwd_paired.py`` runs (:func:`launch_family`): a step of ssd_fwd,
+    registered so that preload and the manifest checks see it; launching it on its own is refused."""
+    family = PAIRED_FAMILY
+    grid_rule = SsdForwardPlan.grid_rule
+    param_names = SsdForwardPlan.param_names
+
+    def bind(self, **kwargs) -> BoundCall:
+        raise InvalidArgumentError("family", f"{self.family} is a step of ssd_fwd: call launch('ssd_fwd', ...)")
 
 
 def _handover_call(call: BoundCall, workspace: DeviceArray) -> BoundCall | None:

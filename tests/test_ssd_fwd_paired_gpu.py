@@ -1,0 +1,63 @@
+"""ssd_fwd_paired on the GPU: every ssd_fwd GPU test again, with every launch the paired kernel can run sent to it
+whatever its CTA count (the tests' calls are small: the plan would keep most on the walk), and its outputs bitwise the
+walk's for every built variant.
+
+Needs a CUDA device and the ssd_fwd and ssd_fwd_paired cubins (``scons`` output or installed wheels); see
+tests/conftest.py.
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+
+from built_variants import built_constants  # noqa: E402
+from reference import generators  # noqa: E402
+from test_ssd_fwd_gpu import *  # noqa: E402,F401,F403  (collected again here, under the fixture below)
+from test_ssd_fwd_gpu import TORCH_DTYPES, _run, _to_cuda  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def paired_launches(monkeypatch):
+    """Send every launch ssd_fwd_paired can run to it; yields the families the plan picked, launch by launch."""
+    from mamba2_aot.plans import ssd_fwd
+    picked = []
+
+    def recorded(launch):
+        family = launch_family(launch)
+        picked.append(family)
+        return family
+    launch_family = ssd_fwd.launch_family
+    monkeypatch.setattr(ssd_fwd, "PAIRED_DISPATCH", True)
+    monkeypatch.setattr(ssd_fwd, "PAIRED_MIN_CTAS", 0)
+    monkeypatch.setattr(ssd_fwd, "launch_family", recorded)
+    yield picked
+
+
+@pytest.mark.parametrize("constants", built_constants("ssd_fwd_paired"),
+                         ids=lambda c: "-".join(f"{k}{v}" for k, v in sorted(c.items())))
+@pytest.mark.parametrize("packing", [None, "cu_seqlens"])
+def test_outputs_are_the_walks_bitwise(constants, packing, paired_launches, monkeypatch):
+    """One call through the paired kernel, then through the walk: the same bits in out, the final states and the chunk
+    states (D per (H, P), z, dt_bias, dt_limit, initial states in the variant's state dtype, L not a multiple of 64;
+    with cu_seqlens, sequences that start inside blocks and an empty one)."""
+    from mamba2_aot.plans import ssd_fwd
+    P, N, io, state = constants["headdim"], constants["d_state"], constants["io_dtype"], constants["state_dtype"]
+    if packing is None:
+        inputs = generators.standard_inputs(3, 200, 8, P, N, 2, TORCH_DTYPES[io], seed=P + N, D="HP", z=True,
+                                            initial_states=True)
+    else:
+        inputs = generators.packed_inputs(8, P, N, 2, TORCH_DTYPES[io], seed=N, chunk_size=64, z=True,
+                                          lengths=[70, 0, 130, 5])
+        inputs.pop("seq_idx")
+    inputs = _to_cuda(inputs)
+    kw = dict(chunk_size=64, final=True, chunks=packing is None, state_dtype=TORCH_DTYPES[state],
+              dt_limit=(1e-3, 0.2))
+    paired = _run(inputs, **kw)
+    assert paired_launches == ["ssd_fwd_paired"]
+    monkeypatch.setattr(ssd_fwd, "PAIRED_MIN_CTAS", 1 << 30)
+    walk = _run(inputs, **kw)
+    assert paired_launches[1:] == ["ssd_fwd"]
+    for name, value in walk.items():
+        assert torch.isfinite(value.float()).all(), name
+        assert torch.equal(paired[name], value), name
