@@ -219,9 +219,7 @@ class SsdForward:
         # This CTA's tokens: [start, end) of one row (or of one segment of it), and the number of its first sequence.
         segment = source % a.segments
         source = source // a.segments + split_row
-        row, start, end = source_tokens(a, source, L)
-        start = cute.math.max(start, segment * a.segment_len)
-        end = cute.math.min(end, start + a.segment_len)
+        row, start, end = self._tokens(a, source, segment)
         seq = source
         if a.has_seq_idx != 0:
             seq = Int32(0)  # sequences of a seq_idx row are numbered from 0 (the runtime allows states only at B == 1)
@@ -260,10 +258,7 @@ class SsdForward:
                 d_value = D[h, p0 + tid]
             sD[tid] = d_value
 
-        blk_first = start // TILE
-        blk_end = (end + TILE - 1) // TILE
-        if end <= start:
-            blk_end = blk_first
+        blk_first, blk_end = self._blocks(start, end)
 
         acc_h = cute.make_rmem_tensor(mma.thr.partition_shape_C((P_TILE, N)), Float32)
         if segment == 0:
@@ -323,6 +318,23 @@ class SsdForward:
             if cutlass.const_expr(self.segment_handover):
                 if (a.has_segment_flags != 0) & (segment < a.segments - 1):
                     self._set_flag(self._segment_flag(a, ptile, h, row, segment), tid)
+
+    @cute.jit
+    def _tokens(self, a, source, segment):
+        """A walk's row and its tokens [start, end): its sequence source's, or one segment of them."""
+        row, start, end = source_tokens(a, source, a.seqlen)
+        start = cute.math.max(start, segment * a.segment_len)
+        end = cute.math.min(end, start + a.segment_len)
+        return row, start, end
+
+    @cute.jit
+    def _blocks(self, start, end):
+        """The blocks [blk_first, blk_end) that hold tokens [start, end) (none when it is empty)."""
+        blk_first = start // TILE
+        blk_end = (end + TILE - 1) // TILE
+        if end <= start:
+            blk_end = blk_first
+        return blk_first, blk_end
 
     def _state_views(self, a):
         """The call's state tensors (:class:`StateViews`), as views of its pointers."""
@@ -564,7 +576,7 @@ class SsdForward:
             store_pairs(mn_view(acc_s), mn_view(mma.thr.partition_C(sS)), io_type)
             mma.gemm(acc_y, sC, sH, self.d_state // 16)
             self._decay_rows(mma, acc_y, sCs, base)
-            cute.arch.sync_threads()  # S and the weighted x are complete
+            self._walk_sync(walk_barrier)  # S and the weighted x are complete
             mma.gemm(acc_y, sS, transposed(sX, TILE, P_TILE), TILE // 16, b_transposed=True)
         self._advance_state(mma, acc_h, sXw, sB, base, cs_end)
         self._walk_sync(walk_barrier)  # every warp done reading the scratch operands and h₀

@@ -1,14 +1,15 @@
-"""ssd_fwd_paired: ssd_fwd's walk for two heads at once, warp-specialized (sm_90a, N <= 128).
+"""ssd_fwd_paired: ssd_fwd's walk for two heads at once, warp-specialized (sm_90a; N 64 and 128).
 
 The math, the parameters and the grid are ssd_fwd's (``kernel_src/ssd_fwd.py``): the runtime sends this family the
-launches it can run (see ``runtime/mamba2_aot/plans/ssd_fwd.py``: no packed ``seq_idx``, no states-only pass, H and
-the heads per group even, CTAs enough to fill the GPU twice), and ssd_fwd the rest. On sm_90a with N <= 128 a CTA is
-three warpgroups, one per SM, walking heads 2y and 2y + 1 of one group (grid y; the CTAs past H / 2 exit at once):
+launches it can run (see ``runtime/mamba2_aot/plans/ssd_fwd.py``: no packed ``seq_idx``, no states-only pass, an even
+number of heads per group, CTAs enough to fill the GPU twice), and ssd_fwd the rest. On sm_90a a CTA is three
+warpgroups, one per SM, walking heads 2y and 2y + 1 of one group (grid y; the CTAs past H / 2 exit at once):
 
 - product warpgroups 0 and 1: the walk's products for one head each (C·Bᵀ, the weighted x, C·h₀ᵀ, the mask, S·x from
   registers, the h update), then y += D ⊙ x in fp32 from the x tile and y ·= silu(z) from the z tile (the same
-  operations, in the same order, as ssd_fwd's row pass: the outputs are bitwise ssd_fwd's), y staged in the I/O
-  dtype. They keep their registers (``setmaxnreg``); everything else is the helper's;
+  operations, in the same order, as ssd_fwd's row pass: the outputs are bitwise ssd_fwd's for finite inputs; without
+  D the walk adds 0 · x and this kernel nothing), y staged in the I/O dtype. They keep their registers
+  (``setmaxnreg``); everything else is the helper's;
 - the helper warpgroup: warps 0 and 1 (the loaders) scan Δ and the cumsums of the next block (warp w for head w)
   and cp.async B and C, which the two heads share; warps 2 and 3 (the writers) cp.async x and z and copy each
   head's staged y to ``out``.
@@ -31,8 +32,8 @@ that proves it (the loaders publish block k + 1 after waiting for TILES_FREE of 
 arrive on after taking TR of block k - 2: hence three TR barriers; the products may run two blocks ahead of the
 loaders' TILES_FREE waits: hence three of those too; Y_FREE and Y_STAGED alternate by construction).
 
-Elsewhere (sm_100a, which has no wgmma, and N 256) the cubin is ssd_fwd's walk, so that the runtime's choice between
-the two families never depends on the device.
+On sm_100a, which has no wgmma, the cubin is ssd_fwd's walk, so that the runtime's choice between the two families
+never depends on the device (N 256 is never paired: the plan keeps it on ssd_fwd, and no such variant is built).
 """
 
 # (no "from __future__ import annotations": cute.struct reads its field annotations as live objects)
@@ -42,18 +43,19 @@ from cutlass import Float32, Int32
 
 from kernel_src.abi import bind, cutlass_dtype
 from kernel_src.ssd_fwd import LOG2_E, P_TILE, SsdForward
-from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, async_tile_copy, fence_operands, load_tile, make_mma,
-                                  mn_view, role_arrive, role_sync, smem_layout, source_tokens, store_pairs, vec, vector,
-                                  view)
+from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, async_tile_copy, buffer, fence_operands, load_tile, make_mma,
+                                  mn_view, role_arrive, role_sync, smem_layout, store_pairs, vec, vector, view)
 from kernel_src.ssm_math import silu_approx
 
 WARPGROUP = 128
 HEADS = 2                 # product warpgroups, one head each
 LOADERS = WRITERS = 64    # the helper warpgroup's two roles
 SCAN_SLOTS = 3            # Δ and cumsums, one block ahead of the products
-# named barriers: per head w, 1 + 6 w + (TR + k mod 3, Y_FREE, Y_STAGED, WALK); then TILES_FREE + k mod 3
-TR, Y_FREE, Y_STAGED, WALK = 0, 3, 4, 5
-PER_HEAD = 6
+# named barriers: per head w, 1 + PER_HEAD w + (TR + k mod BARRIER_SLOTS, Y_FREE, Y_STAGED, WALK); then TILES_FREE +
+# k mod BARRIER_SLOTS. Three slots: a side may be two blocks ahead of the other's wait (module docstring).
+BARRIER_SLOTS = 3
+TR, Y_FREE, Y_STAGED, WALK = 0, BARRIER_SLOTS, BARRIER_SLOTS + 1, BARRIER_SLOTS + 2
+PER_HEAD = WALK + 1
 TILES_FREE = 1 + HEADS * PER_HEAD
 TR_COUNT = WARPGROUP + LOADERS + WRITERS
 Y_COUNT = WARPGROUP + WRITERS
@@ -153,13 +155,6 @@ class SsdForwardPaired(SsdForward):
 
     # ---- shared-memory views
 
-    def _tile(self, storage_range, index, columns: int):
-        """Tile ``index`` (static or dynamic) of an array of swizzled (TILE, columns) tiles."""
-        offset = index * (TILE * columns)
-        if not isinstance(index, int):  # (the swizzle and the 16-byte copies need the offset's alignment known)
-            offset = cute.assume(offset, divby=TILE * columns)
-        return cute.make_tensor(storage_range.data_ptr() + offset, smem_layout((TILE, columns)))
-
     def _scan_slot(self, storage_range, w, k):
         """Head w's Δ (or cumsums) slot of block k (counted from the walk's first)."""
         offset = cute.assume((w * SCAN_SLOTS + k % SCAN_SLOTS) * TILE, divby=TILE)
@@ -167,22 +162,10 @@ class SsdForwardPaired(SsdForward):
 
     def _ring_tile(self, storage_range, w, k):
         """Head w's x (or z) tile of block k."""
-        return self._tile(storage_range, w * self.ring + k % self.ring, P_TILE)
+        return buffer(storage_range, w * self.ring + k % self.ring, P_TILE)
 
     def _sD(self, storage):
         return cute.make_tensor(storage.D.data_ptr(), cute.make_layout((HEADS, P_TILE), stride=(P_TILE, 1)))
-
-    @cute.jit
-    def _span(self, a, source, segment):
-        """The CTA's tokens [start, end) and blocks [blk_first, blk_end), as ssd_fwd's walk computes them."""
-        row, start, end = source_tokens(a, source, a.seqlen)
-        start = cute.math.max(start, segment * a.segment_len)
-        end = cute.math.min(end, start + a.segment_len)
-        blk_first = start // TILE
-        blk_end = (end + TILE - 1) // TILE
-        if end <= start:
-            blk_end = blk_first
-        return row, start, end, blk_first, blk_end
 
     # ---- the product warpgroups
 
@@ -194,7 +177,8 @@ class SsdForwardPaired(SsdForward):
         tid = cute.arch.thread_idx()[0] % WARPGROUP
         p0 = ptile * P_TILE
         states = self._state_views(a)  # (no block states: _block_states_view is ssd_fwd's)
-        row, start, end, blk_first, blk_end = self._span(a, source, segment)
+        row, start, end = self._tokens(a, source, segment)
+        blk_first, blk_end = self._blocks(start, end)
         seq = source  # (no seq_idx here: the sequence is the row, or cu_seqlens' sequence)
         sH = cute.make_tensor(storage.h.data_ptr() + cute.assume(w * (P_TILE * N), divby=P_TILE * N),
                               smem_layout((P_TILE, N)))
@@ -204,7 +188,7 @@ class SsdForwardPaired(SsdForward):
         if segment == 0:
             self._begin_sequence(a, states, mma, acc_h, sH, seq, h, p0, io_type)
         else:  # the chunk state before start, as the states-only pass or the segment before this one left it
-            if a.has_segment_flags != 0:
+            if a.has_segment_flags != 0:  # (ssd_fwd's _await_flag on the warpgroup's barrier)
                 if tid == 0:
                     ready = Int32(0)
                     while ready == 0:
@@ -222,7 +206,7 @@ class SsdForwardPaired(SsdForward):
                                  stores_chunks, tid, io_type)
         if segment == a.segments - 1:
             self._end_sequence(a, states, mma, acc_h, seq, h, p0, state_type)
-        if (a.has_segment_flags != 0) & (segment < a.segments - 1):
+        if (a.has_segment_flags != 0) & (segment < a.segments - 1):  # (ssd_fwd's _set_flag on the warpgroup's barrier)
             cute.arch.fence_acq_rel_gpu()
             role_sync(walk_barrier, WARPGROUP)
             if tid == 0:
@@ -234,14 +218,14 @@ class SsdForwardPaired(SsdForward):
         """Block blk (the walk's k-th): the products once its tiles are published, y finished and staged, h₀ of the
         next block staged."""
         N = self.d_state
-        sB = self._tile(storage.B, k % self.ring, N)
-        sC = self._tile(storage.C, k % self.ring, N)
+        sB = buffer(storage.B, k % self.ring, N)
+        sC = buffer(storage.C, k % self.ring, N)
         sX = self._ring_tile(storage.x, w, k)
         sDelta = self._scan_slot(storage.delta, w, k)
         sCs = self._scan_slot(storage.cs, w, k)
-        sXw = self._tile(storage.weighted_x, w, P_TILE)
-        sY = self._tile(storage.y, w, P_TILE)
-        role_sync(head_barrier(w, TR) + k % SCAN_SLOTS, TR_COUNT)
+        sXw = buffer(storage.weighted_x, w, P_TILE)
+        sY = buffer(storage.y, w, P_TILE)
+        role_sync(head_barrier(w, TR) + k % BARRIER_SLOTS, TR_COUNT)
         block_start = blk * TILE
         s0 = cute.math.max(start, block_start) - block_start
         s1 = cute.math.min(end, block_start + TILE) - block_start
@@ -259,7 +243,7 @@ class SsdForwardPaired(SsdForward):
         store_pairs(mn_view(acc_h), mn_view(mma.thr.partition_C(sH)), io_type)
         fence_operands(mma)  # (h₀ for the next block's C·h₀ᵀ)
         role_arrive(head_barrier(w, Y_STAGED), Y_COUNT)
-        role_arrive(TILES_FREE + k % SCAN_SLOTS, TILES_FREE_COUNT)
+        role_arrive(TILES_FREE + k % BARRIER_SLOTS, TILES_FREE_COUNT)
 
     @cute.jit
     def _add_skip(self, mma, acc_y, sX, sD, w):
@@ -295,7 +279,8 @@ class SsdForwardPaired(SsdForward):
         L, H = a.seqlen, a.nheads
         warp = t // 32
         lane = cute.arch.lane_idx()
-        row, start, end, blk_first, blk_end = self._span(a, source, segment)
+        row, start, end = self._tokens(a, source, segment)
+        blk_first, blk_end = self._blocks(start, end)
         g = h0 // a.heads_per_group
         G = H // a.heads_per_group
         Bm = view(a.B, (a.batch, L, G, N), vec(a.stride_B_batch), vec(a.stride_B_seqlen), vec(a.stride_B_group), 1)
@@ -320,7 +305,7 @@ class SsdForwardPaired(SsdForward):
         for blk in range(blk_first, blk_end):
             dt0, dt1 = self._loader_block(scan, sources, blk, blk - blk_first, blk_end, dt0, dt1, t, L)
         if blk_first < blk_end:
-            role_sync(TILES_FREE + (blk_end - 1 - blk_first) % SCAN_SLOTS, TILES_FREE_COUNT)
+            role_sync(TILES_FREE + (blk_end - 1 - blk_first) % BARRIER_SLOTS, TILES_FREE_COUNT)
 
     @cute.jit
     def _loader_block(self, scan, sources, blk, k, blk_end, dt0, dt1, t, L):
@@ -335,7 +320,7 @@ class SsdForwardPaired(SsdForward):
             if blk + 1 < blk_end:
                 self._publish(0, k + 1)
         if k > 0:
-            role_sync(TILES_FREE + (k - 1) % SCAN_SLOTS, TILES_FREE_COUNT)
+            role_sync(TILES_FREE + (k - 1) % BARRIER_SLOTS, TILES_FREE_COUNT)
         self._load_BC(storage, sources, blk + ahead, blk_end, k + ahead, t, L)
         if cutlass.const_expr(ahead == 1):
             if blk + 1 < blk_end:
@@ -356,8 +341,8 @@ class SsdForwardPaired(SsdForward):
         gB, gC, g2s, ident = sources
         thr = g2s.get_slice(t)
         if blk < blk_end:
-            load_tile(g2s, thr, gB, ident, self._tile(storage.B, k % self.ring, N), (TILE, N), (blk, 0), L)
-            load_tile(g2s, thr, gC, ident, self._tile(storage.C, k % self.ring, N), (TILE, N), (blk, 0), L)
+            load_tile(g2s, thr, gB, ident, buffer(storage.B, k % self.ring, N), (TILE, N), (blk, 0), L)
+            load_tile(g2s, thr, gC, ident, buffer(storage.C, k % self.ring, N), (TILE, N), (blk, 0), L)
         cute.arch.cp_async_commit_group()
 
     @cute.jit
@@ -366,7 +351,7 @@ class SsdForwardPaired(SsdForward):
         cute.arch.cp_async_wait_group(pending)
         cute.arch.fence_proxy("async.shared", space="cta")
         for w in cutlass.range_constexpr(HEADS):
-            role_arrive(head_barrier(w, TR) + k % SCAN_SLOTS, TR_COUNT)
+            role_arrive(head_barrier(w, TR) + k % BARRIER_SLOTS, TR_COUNT)
 
     @cute.jit
     def _raw_dt(self, dt, row, h, blk, lane, L):
@@ -389,7 +374,8 @@ class SsdForwardPaired(SsdForward):
         P = self.headdim
         io_type = cutlass_dtype(self.io_dtype)
         L, H = a.seqlen, a.nheads
-        row, start, end, blk_first, blk_end = self._span(a, source, segment)
+        row, start, end = self._tokens(a, source, segment)
+        blk_first, blk_end = self._blocks(start, end)
         x = view(a.x, (a.batch, L, H, P), vec(a.stride_x_batch), vec(a.stride_x_seqlen), vec(a.stride_x_head), 1)
         z = view(a.z, (a.batch, L, H, P), vec(a.stride_z_batch), vec(a.stride_z_seqlen), vec(a.stride_z_head), 1)
         out = view(a.out, (a.batch, L, H, P), vec(a.stride_out_batch), vec(a.stride_out_seqlen),
@@ -455,7 +441,7 @@ class SsdForwardPaired(SsdForward):
         """Head h0 + w's staged y of block blk to ``out``, its rows in [start, end): writer t takes the 16-byte runs
         t mod 8 of rows t / 8 + 8 i."""
         a, storage, out, row, h0, ptile, start, end, t, io_type = outputs
-        sY = self._tile(storage.y, w, P_TILE)
+        sY = buffer(storage.y, w, P_TILE)
         rows = out[row, None, h0 + w, None]
         runs = P_TILE // CHUNK
         step = WRITERS // runs

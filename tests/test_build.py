@@ -254,6 +254,17 @@ def test_incremental_rebuild(two_clean_builds):
     assert len(compiled) == 8, proc.stdout  # its 4 ci variants x 2 archs, nothing else
 
 
+@pytest.mark.parametrize("config", ["ci", "full"])
+def test_every_ssd_fwd_variant_the_plan_may_pair_is_built_paired(config):
+    """ssd_fwd's plan may send any of its launches up to N 128 to ssd_fwd_paired with the same constants: each config
+    builds the paired family for exactly ssd_fwd's variants with d_state <= 128."""
+    matrix = tomllib.loads((ROOT / "build_configs" / f"{config}.toml").read_text())
+    variants = families.expand(matrix)
+    paired = {families.variant_key("ssd_fwd", c) for f, c in variants if f == "ssd_fwd_paired"}
+    walked = {families.variant_key("ssd_fwd", c) for f, c in variants if f == "ssd_fwd" and c["d_state"] <= 128}
+    assert paired == walked
+
+
 def test_ssd_fwd_takes_warpgroup_mma_only_on_sm90a(two_clean_builds):
     """sm_90a ssd_fwd (its paired kernel, and its states-only walks) with one warpgroup per head (N <= 128) multiplies
     with wgmma (HGMMA in the SASS, no warp MMA); sm_100a, which has no wgmma, and N = 256 keep the warp MMA (HMMA)."""

@@ -354,11 +354,14 @@ def test_a_states_only_split_stays_on_the_walk(paired_dispatch):
     assert families(**long_args(batch=2, heads=64, seqlen=2048)) == ["ssd_fwd", "ssd_fwd"]
 
 
-@pytest.mark.parametrize("change", ["seq_idx", "odd_heads", "odd_heads_per_group", "d_state_256"])
-def test_launches_the_paired_kernel_cannot_run_stay_on_the_walk(change, paired_dispatch):
+@pytest.mark.parametrize("change", ["seq_idx", "odd_heads_per_group", "d_state_256", "states_only"])
+def test_launches_the_paired_kernel_cannot_run_stay_on_the_walk(change, paired_dispatch, monkeypatch):
     heads, groups, d_state = 600, 1, N
-    if change == "odd_heads":
-        heads = 601
+    if change == "states_only":  # every launch has pairs enough: the split's segments pair, its states-only pass not
+        from mamba2_aot.plans import ssd_fwd
+        monkeypatch.setattr(ssd_fwd, "PAIRED_MIN_CTAS", 0)
+        assert families(**long_args(batch=2, heads=64, seqlen=2048)) == ["ssd_fwd", "ssd_fwd_paired"]
+        return
     if change == "odd_heads_per_group":
         groups = 200  # 3 heads per group: a CTA's two heads would read different B and C
     if change == "d_state_256":

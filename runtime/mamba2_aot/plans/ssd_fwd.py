@@ -81,10 +81,11 @@ the unsplit call (the same operations in the same order). Calls with ``seq_idx``
 read and write one state pool in place, are not split.
 
 Which kernel runs a launch (:func:`launch_family`): ``ssd_fwd_paired`` (``kernel_src/ssd_fwd_paired.py``: on sm_90a
-with d_state <= 128 one CTA per SM walks two heads with warp-specialized warpgroups; elsewhere its cubin is the walk)
-when the launch has no ``seq_idx``, is not a states-only pass, has an even H and an even number of heads per group, and
-has at least :data:`PAIRED_MIN_CTAS` CTAs of two heads; else ``ssd_fwd``'s walk. Both compute the same values in the
-same order: the outputs are the same bits either way. (Not yet dispatched: :data:`PAIRED_DISPATCH`.)
+one CTA per SM walks two heads with warp-specialized warpgroups; on sm_100a its cubin is the walk) when the launch has
+d_state <= 128, no ``seq_idx``, an even number of heads per group, is not a states-only pass and has at least
+:data:`PAIRED_MIN_CTAS` CTAs of two heads; else ``ssd_fwd``'s walk. Both compute the same values in the same order:
+the outputs are the same bits either way for finite inputs (without D the walk adds 0 · x, the paired kernel
+nothing: an infinite x gives NaN in the walk's out only). (Not yet dispatched: :data:`PAIRED_DISPATCH`.)
 """
 from __future__ import annotations
 
@@ -420,8 +421,9 @@ def launch_family(launch: BoundCall) -> str:
     it has CTAs enough (module docstring), else ssd_fwd."""
     p = launch.params
     ptiles, heads, sources = launch.grid
+    # (an even number of heads per group makes H even: a CTA's two heads share B and C)
     runnable = (PAIRED_DISPATCH and not p["states_only"] and not p["has_seq_idx"] and launch.constants["d_state"] <= 128
-                and p["nheads"] % 2 == 0 and p["heads_per_group"] % 2 == 0)
+                and p["heads_per_group"] % 2 == 0)
     return PAIRED_FAMILY if runnable and ptiles * (heads // 2) * sources >= PAIRED_MIN_CTAS else "ssd_fwd"
 
 
