@@ -149,7 +149,7 @@ class SsdForwardPaired(SsdForward):
                     cute.arch.warpgroup_reg_dealloc(3 * REGISTERS_PER_THREAD - HEADS * PRODUCT_REGISTERS[self.d_state])
                     tid = cute.arch.thread_idx()[0] - HEADS * WARPGROUP
                     if tid < LOADERS:
-                        self._loader(a, storage, ptile, pair * HEADS, source, segment, tid)
+                        self._loader(a, storage, pair * HEADS, source, segment, tid)
                     else:
                         self._writer(a, storage, ptile, pair * HEADS, source, segment, tid - LOADERS)
 
@@ -202,8 +202,8 @@ class SsdForwardPaired(SsdForward):
         # segments write theirs but the last
         stores_chunks = (a.has_chunk_states != 0) & ((segment == a.segments - 1) != (a.has_segment_flags != 0))
         for blk in range(blk_first, blk_end):
-            self._products_block(a, states, storage, mma, acc_h, sH, w, row, h, p0, blk, blk - blk_first, start, end,
-                                 stores_chunks, tid, io_type)
+            self._products_block(a, states, storage, mma, acc_h, sH, w, walk_barrier, row, h, p0, blk, blk - blk_first,
+                                 start, end, stores_chunks, tid, io_type)
         if segment == a.segments - 1:
             self._end_sequence(a, states, mma, acc_h, seq, h, p0, state_type)
         if (a.has_segment_flags != 0) & (segment < a.segments - 1):  # (ssd_fwd's _set_flag on the warpgroup's barrier)
@@ -213,8 +213,8 @@ class SsdForwardPaired(SsdForward):
                 cute.arch.store(self._segment_flag(a, ptile, h, row, segment), Int32(1), sem="release", scope="gpu")
 
     @cute.jit
-    def _products_block(self, a, states, storage, mma, acc_h, sH, w, row, h, p0, blk, k, start, end, stores_chunks,
-                        tid, io_type: cutlass.Constexpr):
+    def _products_block(self, a, states, storage, mma, acc_h, sH, w, walk_barrier, row, h, p0, blk, k, start, end,
+                        stores_chunks, tid, io_type: cutlass.Constexpr):
         """Block blk (the walk's k-th): the products once its tiles are published, y finished and staged, h₀ of the
         next block staged."""
         N = self.d_state
@@ -231,7 +231,7 @@ class SsdForwardPaired(SsdForward):
         s1 = cute.math.min(end, block_start + TILE) - block_start
         # ssd_fwd's products on the warpgroup-MMA path (no S tile, y returned in registers), on the warpgroup's barrier
         acc_y = self._products((mma, acc_h, sX, sB, sC, None, sXw, None, sH, sDelta, sCs), s0, s1, tid, io_type,
-                               head_barrier(w, WALK))
+                               walk_barrier)
         if stores_chunks:
             self._store_chunk_state(a, states, mma, acc_h, row, h, p0, block_start + s1 - 1, a.seqlen)
         role_sync(head_barrier(w, Y_FREE), Y_COUNT)  # (the writers have written sD before their first arrival)
@@ -272,7 +272,7 @@ class SsdForwardPaired(SsdForward):
     # ---- the loaders (helper warps 0 and 1)
 
     @cute.jit
-    def _loader(self, a, storage, ptile, h0, source, segment, t):
+    def _loader(self, a, storage, h0, source, segment, t):
         """Loader thread t: warp w scans head h0 + w's Δ; both warps cp.async B and C."""
         N = self.d_state
         io_type = cutlass_dtype(self.io_dtype)
@@ -312,7 +312,7 @@ class SsdForwardPaired(SsdForward):
         """While the products run block blk: block blk + 1's scan and tiles published, then the loads of block
         blk + ring - 1 into the slots of block blk - 1 once the products are done with it. Returns the raw dt of
         block blk + 2."""
-        a, storage, dt, row, h, _, _, _, _, _, lane = scan
+        _, storage, dt, row, h, _, _, _, _, _, lane = scan
         ahead = self.ring - 1
         self._scan_into(scan, dt0, dt1, blk + 1, k + 1)
         dt0, dt1 = self._raw_dt(dt, row, h, blk + 2, lane, L)
@@ -382,7 +382,7 @@ class SsdForwardPaired(SsdForward):
                    vec(a.stride_out_head), 1)
         sources = (x[row, None, h0, None], x[row, None, h0 + 1, None], z[row, None, h0, None],
                    z[row, None, h0 + 1, None], async_tile_copy(io_type, WRITERS), cute.make_identity_tensor((L, P)))
-        outputs = (a, storage, out, row, h0, ptile, start, end, t, io_type)
+        outputs = (a, storage, out, row, h0, ptile, start, end, t)
         ahead = self.ring - 1
         for i in cutlass.range_constexpr(ahead):
             self._load_xz(a, storage, sources, ptile, blk_first + i, blk_end, i, t, L)
@@ -406,7 +406,7 @@ class SsdForwardPaired(SsdForward):
     def _writer_block(self, outputs, sources, blk, k, blk_end, L):
         """While the products run block blk: block blk + 1's x and z published (loaded two ahead), block blk - 1's
         outputs, then the loads of block blk + ring - 1 into block blk - 1's slots (published here, one ahead)."""
-        a, storage, _, _, _, ptile, _, _, t, _ = outputs
+        a, storage, _, _, _, ptile, _, _, t = outputs
         ahead = self.ring - 1
         if cutlass.const_expr(ahead == 2):
             if blk + 1 < blk_end:
@@ -440,7 +440,7 @@ class SsdForwardPaired(SsdForward):
     def _store_outputs(self, outputs, w, blk):
         """Head h0 + w's staged y of block blk to ``out``, its rows in [start, end): writer t takes the 16-byte runs
         t mod 8 of rows t / 8 + 8 i."""
-        a, storage, out, row, h0, ptile, start, end, t, io_type = outputs
+        _, storage, out, row, h0, ptile, start, end, t = outputs
         sY = buffer(storage.y, w, P_TILE)
         rows = out[row, None, h0 + w, None]
         runs = P_TILE // CHUNK

@@ -285,8 +285,8 @@ def fence_operands(mma):
 
 
 def buffer(storage_range, index, columns: int):
-    """Tile ``index`` (0 or 1: a Python int, or a dynamic value) of a double-buffered (TILE, columns) operand held in
-    one shared array."""
+    """Tile ``index`` (a Python int, or a dynamic value) of an array of (TILE, columns) tiles held in one shared array: a
+    double-buffered operand's two, or a ring's slots."""
     offset = index * (TILE * columns)
     if not isinstance(index, int):  # (the swizzle and the 16-byte copies need the offset's alignment known)
         offset = cute.assume(offset, divby=TILE * columns)

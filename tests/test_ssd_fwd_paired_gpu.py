@@ -20,8 +20,10 @@ from test_ssd_fwd_gpu import TORCH_DTYPES, _run, _to_cuda  # noqa: E402
 @pytest.fixture(autouse=True)
 def paired_launches(monkeypatch):
     """Send every launch ssd_fwd_paired can run to it; yields the families the plan picked, launch by launch."""
+    from mamba2_aot import dispatch
     from mamba2_aot.plans import ssd_fwd
     picked = []
+    monkeypatch.setattr(dispatch, "_recent_calls", {})  # (no memoised call may skip the plan)
 
     def recorded(launch):
         family = launch_family(launch)
@@ -41,7 +43,6 @@ def test_outputs_are_the_walks_bitwise(constants, packing, paired_launches, monk
     """One call through the paired kernel, then through the walk: the same bits in out, the final states and the chunk
     states (D per (H, P), z, dt_bias, dt_limit, initial states in the variant's state dtype, L not a multiple of 64;
     with cu_seqlens, sequences that start inside blocks and an empty one)."""
-    from mamba2_aot.plans import ssd_fwd
     P, N, io, state = constants["headdim"], constants["d_state"], constants["io_dtype"], constants["state_dtype"]
     if packing is None:
         inputs = generators.standard_inputs(3, 200, 8, P, N, 2, TORCH_DTYPES[io], seed=P + N, D="HP", z=True,
@@ -51,8 +52,27 @@ def test_outputs_are_the_walks_bitwise(constants, packing, paired_launches, monk
                                           lengths=[70, 0, 130, 5])
         inputs.pop("seq_idx")
     inputs = _to_cuda(inputs)
-    kw = dict(chunk_size=64, final=True, chunks=packing is None, state_dtype=TORCH_DTYPES[state],
-              dt_limit=(1e-3, 0.2))
+    _expect_the_walks_bits(inputs, paired_launches, monkeypatch, chunk_size=64, final=True, chunks=packing is None,
+                           state_dtype=TORCH_DTYPES[state], dt_limit=(1e-3, 0.2))
+
+
+@pytest.mark.parametrize("constants", built_constants("ssd_fwd_paired"),
+                         ids=lambda c: "-".join(f"{k}{v}" for k, v in sorted(c.items())))
+def test_handover_calls_are_the_walks_bitwise(constants, paired_launches, monkeypatch):
+    """A call whose segments hand their states over in one launch (flags in the workspace), through the paired kernel
+    and through the walk: the same bits in out and the final states."""
+    from mamba2_aot.plans import ssd_fwd
+    P, N, io, state = constants["headdim"], constants["d_state"], constants["io_dtype"], constants["state_dtype"]
+    assert ssd_fwd.plan_handover(3, 600, 90, P, N)[0] > 1
+    inputs = _to_cuda(generators.standard_inputs(3, 600, 90, P, N, 1, TORCH_DTYPES[io], seed=P + N, D="H", z=True,
+                                                 initial_states=True))
+    _expect_the_walks_bits(inputs, paired_launches, monkeypatch, final=True, state_dtype=TORCH_DTYPES[state],
+                           workspace=True)
+
+
+def _expect_the_walks_bits(inputs, paired_launches, monkeypatch, **kw):
+    """Run ``_run(inputs, **kw)`` (one launch) through the paired kernel, then through the walk: finite, same bits."""
+    from mamba2_aot.plans import ssd_fwd
     paired = _run(inputs, **kw)
     assert paired_launches == ["ssd_fwd_paired"]
     monkeypatch.setattr(ssd_fwd, "PAIRED_MIN_CTAS", 1 << 30)

@@ -346,9 +346,10 @@ def test_launches_with_cta_pairs_enough_go_to_the_paired_kernel(paired_dispatch)
     assert families(**long_args(heads=128, workspace=None)) == ["ssd_fwd"]
 
 
-def test_a_states_only_split_stays_on_the_walk(paired_dispatch):
-    """The states-only pass is the walk's alone, and the segments after it fill the GPU's 264 walk slots, which is
-    132 pairs: not enough for the paired kernel (B2 L2048 H64, the first reference shape)."""
+def test_a_states_only_splits_segments_have_too_few_pairs(paired_dispatch):
+    """The segments after a states-only pass take at most the GPU's 264 walk slots, 132 pairs: too few for the paired
+    kernel (B2 L2048 H64, the first reference shape: 2 segments x 64 heads x 2 rows = 256 CTAs, 128 pairs). (The rule
+    that keeps the states-only pass itself on the walk: test_launches_the_paired_kernel_cannot_run_stay_on_the_walk.)"""
     first, second = steps(**long_args(batch=2, heads=64, seqlen=2048))
     assert first.params["states_only"] == 1 and second.params["segments"] == 2
     assert families(**long_args(batch=2, heads=64, seqlen=2048)) == ["ssd_fwd", "ssd_fwd"]

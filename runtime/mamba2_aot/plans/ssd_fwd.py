@@ -117,9 +117,9 @@ MIN_SEGMENT = 256  # tokens: shorter segments do not pay for the second launch
 # blocks got ~1.27x faster since, the states-only pass less: not re-measured.)
 STATES_PASS_COST = 0.42
 SHARED_SM_COST = 1.28
-# ssd_fwd_paired's CTAs (two heads each, one per SM) a launch needs for it: two per SM of an H100 / H200. Measured on
-# the H200 (docs/PERF_NOTES.md, twenty-sixth session): 1.1-1.3x faster than the walk from 320 CTAs up; at 64 CTAs (half
-# the SMs) as fast or slower.
+# ssd_fwd_paired's CTAs (two heads each, one per SM) a launch needs for it: two waves of an H100 / H200's 132 SMs.
+# Measured on the H200 (docs/PERF_NOTES.md, twenty-sixth session): 1.1-1.3x faster than the walk from 320 CTAs up; at
+# 64 CTAs (half the SMs) 0.94-1.06x, and a split call's walk is faster still there.
 PAIRED_MIN_CTAS = 2 * 132
 # Off until compute-sanitizer's racecheck is clean on ssd_fwd_paired: its GPU tests pass (bitwise the walk's results)
 # and synccheck and memcheck are clean, but racecheck reports hazards at the staged outputs' hand-off, which the PTX
