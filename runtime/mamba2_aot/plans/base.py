@@ -10,6 +10,7 @@ dispatcher reuses its result for a repeated identical call.
 """
 from __future__ import annotations
 
+from ..errors import InvalidArgumentError
 from ..validation import BoundCall
 
 
@@ -32,6 +33,18 @@ class LaunchPlan:
     def workspace_size(self, **kwargs) -> int:
         """Bytes of caller-owned workspace the call needs (families without workspace: 0)."""
         return 0
+
+
+class StepPlan(LaunchPlan):
+    """A kernel that only runs as a step of the composite family ``step_of`` (registered so that preload and the
+    manifest checks see it); launching it on its own is refused."""
+
+    #: the composite family whose launches this kernel runs
+    step_of: str = ""
+
+    def bind(self, **kwargs) -> BoundCall:
+        raise InvalidArgumentError("family", f"{self.family} is a step of {self.step_of}: call "
+                                   f"launch({self.step_of!r}, ...)")
 
 
 class CompositePlan(LaunchPlan):

@@ -72,7 +72,7 @@ from ..tensors import DeviceArray, ITEMSIZE, as_device_array
 from ..validation import (GRID_YZ_MAX, BoundCall, check_call, expect_complete, expect_dim, expect_dtype,
                           expect_given, expect_rank, expect_shape, expect_state_blocks, null_absent, record_strides,
                           stride_names)
-from .base import CompositePlan, LaunchPlan
+from .base import CompositePlan, StepPlan
 from .ssd_fwd import (BLOCK, CTA_SLOTS, FORWARD_WALK_PARAMS, IO_DTYPES, SsdForwardPlan, block_states_call,
                       expect_vector_operand, expect_workspace)
 from .ssm_inputs import SSM_INPUT_STRIDES, expect_groups
@@ -127,12 +127,8 @@ def _capacity(batch: int, nblocks: int, ngroups: int, heads_per_group: int, d_st
     return most
 
 
-class _StepPlan(LaunchPlan):
-    """A kernel that only runs as a step of ``ssd_bwd`` (registered so that preload and the manifest checks see
-    it); launching it on its own is refused."""
-
-    def bind(self, **kwargs) -> BoundCall:
-        raise InvalidArgumentError("family", f"{self.family} is a step of ssd_bwd: call launch('ssd_bwd', ...)")
+class _StepPlan(StepPlan):
+    step_of = "ssd_bwd"
 
 
 class SsdForwardStatesPlan(_StepPlan):

@@ -96,7 +96,7 @@ from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_complete, 
                           expect_dtype, expect_given, expect_int, expect_rank, expect_shape, null_absent,
                           expect_state_blocks, record_strides, stride_names, vector_misfit)
 from ..tensors import DeviceArray, as_device_array
-from .base import CompositePlan, LaunchPlan
+from .base import CompositePlan, StepPlan
 from .sequence_states import bind_cu_seqlens, bind_sequence_states, state_dtype
 from .ssm_inputs import SSM_STRIDES, bind_ssm_inputs, x_shape
 
@@ -427,15 +427,12 @@ def launch_family(launch: BoundCall) -> str:
     return PAIRED_FAMILY if runnable and ptiles * (heads // 2) * sources >= PAIRED_MIN_CTAS else "ssd_fwd"
 
 
-class SsdForwardPairedPlan(LaunchPlan):
-    """ssd_fwd's launches that ``kernel_src/ssd_fwd_paired.py`` runs (:func:`launch_family`): a step of ssd_fwd,
-    registered so that preload and the manifest checks see it; launching it on its own is refused."""
+class SsdForwardPairedPlan(StepPlan):
+    """ssd_fwd's launches that ``kernel_src/ssd_fwd_paired.py`` runs (:func:`launch_family`)."""
     family = PAIRED_FAMILY
+    step_of = "ssd_fwd"
     grid_rule = SsdForwardPlan.grid_rule
     param_names = SsdForwardPlan.param_names
-
-    def bind(self, **kwargs) -> BoundCall:
-        raise InvalidArgumentError("family", f"{self.family} is a step of ssd_fwd: call launch('ssd_fwd', ...)")
 
 
 def _handover_call(call: BoundCall, workspace: DeviceArray) -> BoundCall | None:
