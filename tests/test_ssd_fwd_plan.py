@@ -119,8 +119,17 @@ def long_args(batch=1, seqlen=4096, heads=64, d_state=N, **over):
     return args
 
 
+def launches(**args):
+    """The plan's (family, call) launches of a call."""
+    return PLANS["ssd_fwd"].steps(**adapted(**args))
+
+
 def steps(**args):
-    return [call for family, call in PLANS["ssd_fwd"].steps(**adapted(**args))]
+    return [call for _, call in launches(**args)]
+
+
+def families(**args):
+    return [family for family, _ in launches(**args)]
 
 
 def test_a_call_with_few_ctas_is_split_into_a_states_pass_and_segments():
@@ -317,10 +326,6 @@ def test_calls_over_a_wave_that_are_not_handed_over(change):
     (call,) = steps(**args)
     assert call.params["segments"] == 1 and call.params["has_segment_flags"] == 0 and call.zeroed == ()
     assert call.grid[2] == 1
-
-
-def families(**args):
-    return [family for family, call in PLANS["ssd_fwd"].steps(**adapted(**args))]
 
 
 @pytest.fixture
