@@ -44,7 +44,8 @@ from cutlass import Float32, Int32
 from kernel_src.abi import bind, cutlass_dtype
 from kernel_src.ssd_fwd import LOG2_E, P_TILE, SsdForward
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, async_tile_copy, buffer, fence_operands, load_tile, make_mma,
-                                  mn_view, role_arrive, role_sync, smem_layout, store_pairs, vec, vector, view)
+                                  mn_view, role_arrive, role_sync, scan_slot, smem_layout, store_pairs, vec, vector,
+                                  view)
 from kernel_src.ssm_math import silu_approx
 
 WARPGROUP = 128
@@ -157,8 +158,7 @@ class SsdForwardPaired(SsdForward):
 
     def _scan_slot(self, storage_range, w, k):
         """Head w's Δ (or cumsums) slot of block k (counted from the walk's first)."""
-        offset = cute.assume((w * SCAN_SLOTS + k % SCAN_SLOTS) * TILE, divby=TILE)
-        return cute.make_tensor(storage_range.data_ptr() + offset, cute.make_layout((TILE,)))
+        return scan_slot(storage_range.get_tensor(cute.make_layout((TILE,))), w * SCAN_SLOTS + k % SCAN_SLOTS)
 
     def _ring_tile(self, storage_range, w, k):
         """Head w's x (or z) tile of block k."""
@@ -355,7 +355,8 @@ class SsdForwardPaired(SsdForward):
 
     @cute.jit
     def _raw_dt(self, dt, row, h, blk, lane, L):
-        """A warp: block blk's raw dt of head h, rows lane and lane + 32 (zeros past L)."""
+        """A warp: block blk's raw dt of head h, rows lane and lane + 32 (zeros past L). ssd_fwd's ``_load_raw`` without
+        seq_idx: built on this, the walk's cubins change (its loads' order), so the walk keeps its own."""
         dt0 = dt.element_type(0.0)
         dt1 = dt.element_type(0.0)
         tok = blk * TILE + lane

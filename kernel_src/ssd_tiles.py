@@ -299,9 +299,9 @@ def vector(row, index):
 
 
 def scan_slot(first, slot):
-    """Slot ``slot`` (static or dynamic) of a scan group's per-block shared arrays (SCAN_GROUP of them, one after
-    another), given the first block's view. A block's cumsum does not depend on the blocks before it, so a walk's
-    first SCAN_GROUP warps scan a group of blocks at once and the walk's per-block chain holds no scan."""
+    """Slot ``slot`` (static or dynamic) of per-block shared arrays laid one after another, given the first one's view:
+    a scan group's (SCAN_GROUP of them; a block's cumsum does not depend on the blocks before it, so a walk's first
+    SCAN_GROUP warps scan a group of blocks at once and the walk's per-block chain holds no scan), or a ring's."""
     return cute.make_tensor(first.iterator + slot * cute.size(first), first.layout)
 
 
