@@ -9,8 +9,8 @@ import torch
 
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parent.parent / "runtime")]
 import conftest  # noqa: E402,F401  (the runtime and cubins of the source tree, as the tests use them)
-from mamba2_aot import runtime  # noqa: E402
-from mamba2_aot.plans import ssd_bwd  # noqa: E402
+from mamba2_aot import dispatch, runtime  # noqa: E402
+from mamba2_aot.plans import ssd_bwd, ssd_fwd  # noqa: E402
 
 dev = "cuda"
 batch, T, H, P, N, G, slots, cap = 3, 4, 8, 64, 128, 2, 16, 8
@@ -83,6 +83,22 @@ size = runtime.workspace_size("ssd_fwd", x=wide["x"], B=wide["B"])
 assert size > 0
 runtime.launch("ssd_fwd", out=torch.empty_like(wide["x"]), final_states=torch.empty(1, Hw, P, N, device=dev),
                workspace=torch.empty(size // 4, device=dev), **wide)
+# ssd_fwd_paired (sm_90a; the walk elsewhere): the calls above but seq_idx's again, each launch it can run sent to it
+# however few its CTAs (the states-only pass stays on the walk)
+dispatch._recent_calls.clear()  # (a memoised call would skip the plan's choice)
+paired_min_ctas, ssd_fwd.PAIRED_MIN_CTAS = ssd_fwd.PAIRED_MIN_CTAS, 0
+for packing, used in (({}, slots_used[:1]), ({"cu_seqlens": cu_seqlens}, slots_used)):
+    pool = torch.randn(slots, H, P, N, device=dev)
+    runtime.launch("ssd_fwd", out=torch.empty_like(xs), initial_states=pool, final_states=pool,
+                   initial_state_indices=used, final_state_indices=used, **packing, **prefill)
+runtime.launch("ssd_fwd", out=torch.empty_like(xs), final_states=torch.empty(1, H, P, N, device=dev),
+               chunk_states=torch.empty(1, 3, H, P, N, device=dev), **prefill)
+runtime.launch("ssd_fwd", out=torch.empty_like(long["x"]), final_states=torch.empty(1, 2, P, N, device=dev),
+               workspace=torch.empty(runtime.workspace_size("ssd_fwd", x=long["x"], B=long["B"]) // 4, device=dev),
+               **long)
+runtime.launch("ssd_fwd", out=torch.empty_like(wide["x"]), final_states=torch.empty(1, Hw, P, N, device=dev),
+               workspace=torch.empty(size // 4, device=dev), **wide)
+ssd_fwd.PAIRED_MIN_CTAS = paired_min_ctas
 # the pre-conv path: prefill into a conv pool in place (packed, a short sequence), the three conv pool modes, and
 # the fused conv + SSM verify in each mode (padding and out-of-range rows, the tickets' last-arrival writes)
 K = 4

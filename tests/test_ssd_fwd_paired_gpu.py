@@ -30,7 +30,6 @@ def paired_launches(monkeypatch):
         picked.append(family)
         return family
     launch_family = ssd_fwd.launch_family
-    monkeypatch.setattr(ssd_fwd, "PAIRED_DISPATCH", True)
     monkeypatch.setattr(ssd_fwd, "PAIRED_MIN_CTAS", 0)
     monkeypatch.setattr(ssd_fwd, "launch_family", recorded)
     yield picked

@@ -328,18 +328,7 @@ def test_calls_over_a_wave_that_are_not_handed_over(change):
     assert call.grid[2] == 1
 
 
-@pytest.fixture
-def paired_dispatch(monkeypatch):
-    """ssd_fwd_paired switched on (plans.ssd_fwd.PAIRED_DISPATCH: off until racecheck is clean on it)."""
-    from mamba2_aot.plans import ssd_fwd
-    monkeypatch.setattr(ssd_fwd, "PAIRED_DISPATCH", True)
-
-
-def test_the_paired_kernel_is_off_for_now():
-    assert families(**long_args(batch=8, heads=80)) == ["ssd_fwd"]
-
-
-def test_launches_with_cta_pairs_enough_go_to_the_paired_kernel(paired_dispatch):
+def test_launches_with_cta_pairs_enough_go_to_the_paired_kernel():
     """ssd_fwd_paired runs a launch of two heads per CTA when there are 264 such CTAs or more; the 2.7B shape's
     handover (320 pairs x 2 segments) is one; 128 heads of one row (64 pairs) stay on the walk."""
     from mamba2_aot.plans.ssd_fwd import PAIRED_MIN_CTAS
@@ -351,7 +340,7 @@ def test_launches_with_cta_pairs_enough_go_to_the_paired_kernel(paired_dispatch)
     assert families(**long_args(heads=128, workspace=None)) == ["ssd_fwd"]
 
 
-def test_a_states_only_splits_segments_have_too_few_pairs(paired_dispatch):
+def test_a_states_only_splits_segments_have_too_few_pairs():
     """The segments after a states-only pass take at most the GPU's 264 walk slots, 132 pairs: too few for the paired
     kernel (B2 L2048 H64, the first reference shape: 2 segments x 64 heads x 2 rows = 256 CTAs, 128 pairs). (The rule
     that keeps the states-only pass itself on the walk: test_launches_the_paired_kernel_cannot_run_stay_on_the_walk.)"""
@@ -361,7 +350,7 @@ def test_a_states_only_splits_segments_have_too_few_pairs(paired_dispatch):
 
 
 @pytest.mark.parametrize("change", ["seq_idx", "odd_heads_per_group", "d_state_256", "states_only"])
-def test_launches_the_paired_kernel_cannot_run_stay_on_the_walk(change, paired_dispatch, monkeypatch):
+def test_launches_the_paired_kernel_cannot_run_stay_on_the_walk(change, monkeypatch):
     heads, groups, d_state = 600, 1, N
     if change == "states_only":  # every launch has pairs enough: the split's segments pair, its states-only pass not
         from mamba2_aot.plans import ssd_fwd

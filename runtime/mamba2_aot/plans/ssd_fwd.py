@@ -85,7 +85,7 @@ one CTA per SM walks two heads with warp-specialized warpgroups; on sm_100a its 
 d_state <= 128, no ``seq_idx``, an even number of heads per group, is not a states-only pass and has at least
 :data:`PAIRED_MIN_CTAS` CTAs of two heads; else ``ssd_fwd``'s walk. Both compute the same values in the same order:
 the outputs are the same bits either way for finite inputs (without D the walk adds 0 · x, the paired kernel
-nothing: an infinite x gives NaN in the walk's out only). (Not yet dispatched: :data:`PAIRED_DISPATCH`.)
+nothing: an infinite x gives NaN in the walk's out only).
 """
 from __future__ import annotations
 
@@ -121,10 +121,6 @@ SHARED_SM_COST = 1.28
 # Measured on the H200 (docs/PERF_NOTES.md, twenty-sixth session): 1.1-1.3x faster than the walk from 320 CTAs up; at
 # 64 CTAs (half the SMs) 0.94-1.06x, and a split call's walk is faster still there.
 PAIRED_MIN_CTAS = 2 * 132
-# Off until compute-sanitizer's racecheck is clean on ssd_fwd_paired: its GPU tests pass (bitwise the walk's results)
-# and synccheck and memcheck are clean, but racecheck reports hazards at the staged outputs' hand-off, which the PTX
-# memory model orders (barrier arrive / sync; docs/PERF_NOTES.md, twenty-sixth session): not yet explained.
-PAIRED_DISPATCH = False
 PAIRED_FAMILY = "ssd_fwd_paired"
 MAX_HANDOVER_SEGMENTS = 4  # each hand-over costs a wait and a pipeline refill: a few, not many
 # A handover must beat the unsplit walk's waves by this much: the unsplit call's part-empty last wave runs faster
@@ -422,7 +418,7 @@ def launch_family(launch: BoundCall) -> str:
     p = launch.params
     ptiles, heads, sources = launch.grid
     # (an even number of heads per group makes H even: a CTA's two heads share B and C)
-    runnable = (PAIRED_DISPATCH and not p["states_only"] and not p["has_seq_idx"] and launch.constants["d_state"] <= 128
+    runnable = (not p["states_only"] and not p["has_seq_idx"] and launch.constants["d_state"] <= 128
                 and p["heads_per_group"] % 2 == 0)
     return PAIRED_FAMILY if runnable and ptiles * (heads // 2) * sources >= PAIRED_MIN_CTAS else "ssd_fwd"
 
