@@ -2,8 +2,8 @@
 
 The math, the parameters and the grid are ssd_fwd's (``kernel_src/ssd_fwd.py``): the runtime sends this family the
 launches it can run (see ``runtime/mamba2_aot/plans/ssd_fwd.py``: no packed ``seq_idx``, no states-only pass, an even
-number of heads per group, CTAs enough to fill the GPU twice), and ssd_fwd the rest. On sm_90a a CTA is three
-warpgroups, one per SM, walking heads 2y and 2y + 1 of one group (grid y; the CTAs past H / 2 exit at once):
+number of heads per group, about a CTA per SM), and ssd_fwd the rest. On sm_90a a CTA is three warpgroups, one per
+SM, walking heads 2y and 2y + 1 of one group (grid y; the CTAs past H / 2 exit at once):
 
 - product warpgroups 0 and 1: the walk's products for one head each (C·Bᵀ, the weighted x, C·h₀ᵀ, the mask, S·x from
   registers, the h update), then y += D ⊙ x in fp32 from the x tile and y ·= silu(z) from the z tile (the same

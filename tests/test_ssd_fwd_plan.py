@@ -329,24 +329,24 @@ def test_calls_over_a_wave_that_are_not_handed_over(change):
 
 
 def test_launches_with_cta_pairs_enough_go_to_the_paired_kernel():
-    """ssd_fwd_paired runs a launch of two heads per CTA when there are 264 such CTAs or more; the 2.7B shape's
+    """ssd_fwd_paired runs a launch of two heads per CTA when there are 128 such CTAs or more; the 2.7B shape's
     handover (320 pairs x 2 segments) is one; 128 heads of one row (64 pairs) stay on the walk."""
     from mamba2_aot.plans.ssd_fwd import PAIRED_MIN_CTAS
-    assert PAIRED_MIN_CTAS == 264
+    assert PAIRED_MIN_CTAS == 128
     assert families(**long_args(batch=8, heads=80)) == ["ssd_fwd_paired"]
     assert families(**long_args(batch=8, heads=80, workspace=None)) == ["ssd_fwd_paired"]  # 320 pairs, unsplit
-    assert families(**long_args(batch=4, heads=132, workspace=None)) == ["ssd_fwd_paired"]  # 264: just enough
-    assert families(**long_args(batch=4, heads=130, workspace=None)) == ["ssd_fwd"]  # 260
+    assert families(**long_args(batch=2, heads=128, workspace=None)) == ["ssd_fwd_paired"]  # 128: just enough
+    assert families(**long_args(batch=2, heads=126, workspace=None)) == ["ssd_fwd"]  # 126
     assert families(**long_args(heads=128, workspace=None)) == ["ssd_fwd"]
 
 
-def test_a_states_only_splits_segments_have_too_few_pairs():
-    """The segments after a states-only pass take at most the GPU's 264 walk slots, 132 pairs: too few for the paired
-    kernel (B2 L2048 H64, the first reference shape: 2 segments x 64 heads x 2 rows = 256 CTAs, 128 pairs). (The rule
-    that keeps the states-only pass itself on the walk: test_launches_the_paired_kernel_cannot_run_stay_on_the_walk.)"""
+def test_a_states_only_splits_segments_pair_and_its_states_pass_does_not():
+    """B2 L2048 H64, the first reference shape: the states-only pass (64 heads x 2 rows, 64 pairs) runs on the walk,
+    its 2 segments (128 pairs) on the paired kernel. (The rule that keeps any states-only pass on the walk:
+    test_launches_the_paired_kernel_cannot_run_stay_on_the_walk.)"""
     first, second = steps(**long_args(batch=2, heads=64, seqlen=2048))
     assert first.params["states_only"] == 1 and second.params["segments"] == 2
-    assert families(**long_args(batch=2, heads=64, seqlen=2048)) == ["ssd_fwd", "ssd_fwd"]
+    assert families(**long_args(batch=2, heads=64, seqlen=2048)) == ["ssd_fwd", "ssd_fwd_paired"]
 
 
 @pytest.mark.parametrize("change", ["seq_idx", "odd_heads_per_group", "d_state_256", "states_only"])
