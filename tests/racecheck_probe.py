@@ -4,18 +4,20 @@ ssd_fwd_paired hands shared-memory tiles between warpgroups with ``barrier.cta.a
 ``barrier.cta.sync`` on the other, the barriers reused block after block. PTX orders such a hand-off (an arrive
 synchronizes with the sync that completes the same barrier instance), yet racecheck reports hazards on it. These
 kernels reproduce that with nothing else around: one CTA of three warpgroups, threads 0-127 write 256 floats of
-shared memory, threads 320-383 read them, four rounds, each round's values checked on the host.
+shared memory, threads 320-383 read them (four rounds but in ``handoff``), each reader's sum over the rounds checked on
+the host.
 
 - ``handoff``: one round; the writers arrive, the readers sync. Racecheck: clean.
-- ``ping_pong``: four rounds; the readers arrive on barrier FREE when done reading, the writers sync on it before
-  writing, then arrive on barrier STAGED, which the readers sync on (ssd_fwd_paired's Y_FREE / Y_STAGED).
-  Racecheck: RAW hazards.
+- ``ping_pong``: four rounds; the readers arrive on barrier FREE first and again when done reading each round but the
+  last, the writers sync on it before writing, then arrive on barrier STAGED, which the readers sync on
+  (ssd_fwd_paired's Y_FREE / Y_STAGED). Racecheck: RAW hazards.
 - ``ping_pong_synced``: as ping_pong, every arrive a sync. Racecheck: clean.
 - ``ping_pong_synced_plus_arrive``: as ping_pong_synced, plus one arrive per round by the writers on a third barrier
-  that the readers sync on, with no data behind it. Racecheck: WAR hazards on the data that the synced barriers
-  order, so one arrive is enough to make racecheck lose track of the hand-offs around it.
+  that the readers sync on (it orders nothing the synced barriers do not). Racecheck: WAR hazards on the data that
+  the synced barriers order: an arrive per round on another barrier makes racecheck lose track of them.
 
-Build the cubins here (needs CuTe DSL), then run each under the sanitizer on the GPU (needs only the driver)::
+Build the cubins where CuTe DSL is installed, then run each under the sanitizer on the GPU (needs torch with CUDA and
+the runtime's driver layer; results for compute-sanitizer 2025.3.1 in docs/PERF_NOTES.md, twenty-seventh session)::
 
     PYTHONPATH=. python tests/racecheck_probe.py build DIR
     PYTHONPATH=runtime compute-sanitizer --tool racecheck python tests/racecheck_probe.py run DIR ping_pong
@@ -129,7 +131,8 @@ def run(directory: Path, mode: str):
     out = torch.zeros(READERS, device="cuda")
     drv = driver.get()
     torch.cuda.synchronize()
-    kernel = drv.library_get_kernel(drv.library_load_data((directory / f"{mode}.cubin").read_bytes()), entry["kernel"])
+    image = (directory / f"{mode}.cubin").read_bytes()  # (the library keeps a pointer to it: alive until the end)
+    kernel = drv.library_get_kernel(drv.library_load_data(image), entry["kernel"])
     pointer = ctypes.c_uint64(out.data_ptr())
     attrs, num_attrs = driver.launch_attributes((1, 1, 1))
     drv.launch(drv.kernel_function(kernel), (1, 1, 1), tuple(entry["block"]), entry["dynamic_smem"],

@@ -44,60 +44,51 @@ for Q in (64, 256):
     nchunks = -(-300 // Q)
     runtime.launch("ssd_chunk_cumsum", dt=dt, A=-torch.rand(H, device=dev), chunk_size=Q, dt_softplus=True,
                    dt_out=torch.empty(2, H, nchunks, Q, device=dev), dA_cumsum=torch.empty(2, H, nchunks, Q, device=dev))
-# ssd_fwd: a partial last block, packed sequences starting inside blocks (both forms), a pool in place
+# ssd_fwd: a partial last block, packed sequences starting inside blocks (both forms) with pools in place, chunk
+# states, a split along L (few CTAs, a long row: a states-only pass, then the segments, entering states in the
+# workspace), a handover (more CTAs than the GPU runs at once: segments handing their states over in one launch)
 L = 150
-xs = torch.randn(1, L, H, P, device=dev).bfloat16()
-prefill = dict(x=xs, dt=torch.randn(1, L, H, device=dev).bfloat16(), A=-torch.rand(H, device=dev),
-               B=torch.randn(1, L, G, N, device=dev).bfloat16(), C=torch.randn(1, L, G, N, device=dev).bfloat16(),
-               D=torch.randn(H, device=dev), z=torch.randn_like(xs), dt_bias=torch.randn(H, device=dev),
-               dt_softplus=True, chunk_size=64)
 lengths = [70, 1, 79]
 cu_seqlens = torch.tensor([0, 70, 71, 150], dtype=torch.int32, device=dev)
 seq_idx = torch.repeat_interleave(torch.arange(3, dtype=torch.int32, device=dev),
                                   torch.tensor(lengths, device=dev))[None]
-for packing in ({"cu_seqlens": cu_seqlens}, {"seq_idx": seq_idx}):
-    for state_dtype in (torch.float32, torch.bfloat16):
-        pool = torch.randn(slots, H, P, N, device=dev).to(state_dtype)
-        slots_used = torch.tensor([4, -1, 15], dtype=torch.int32, device=dev)
-        runtime.launch("ssd_fwd", out=torch.empty_like(xs), initial_states=pool, final_states=pool,
-                       initial_state_indices=slots_used, final_state_indices=slots_used,
-                       **packing, **prefill)
-runtime.launch("ssd_fwd", out=torch.empty_like(xs), final_states=torch.empty(1, H, P, N, device=dev),
-               chunk_states=torch.empty(1, 3, H, P, N, device=dev), **prefill)
-# split along L (few CTAs, a long row: a states-only pass, then the segments), entering states in the workspace
-Ls = 1100
-long = dict(x=torch.randn(1, Ls, 2, P, device=dev).bfloat16(), dt=torch.randn(1, Ls, 2, device=dev).bfloat16(),
-            A=-torch.rand(2, device=dev), B=torch.randn(1, Ls, 1, N, device=dev).bfloat16(),
-            C=torch.randn(1, Ls, 1, N, device=dev).bfloat16(), z=torch.randn(1, Ls, 2, P, device=dev).bfloat16(),
-            initial_states=torch.randn(1, 2, P, N, device=dev), dt_softplus=True, chunk_size=256)
-size = runtime.workspace_size("ssd_fwd", x=long["x"], B=long["B"])
-assert size > 0
-runtime.launch("ssd_fwd", out=torch.empty_like(long["x"]), final_states=torch.empty(1, 2, P, N, device=dev),
-               workspace=torch.empty(size // 4, device=dev), **long)
-# more CTAs than the GPU runs at once: segments handing their states over in one launch (flags)
-Hw, Lw = 270, 512
-wide = dict(x=torch.randn(1, Lw, Hw, P, device=dev).bfloat16(), dt=torch.randn(1, Lw, Hw, device=dev).bfloat16(),
-            A=-torch.rand(Hw, device=dev), B=torch.randn(1, Lw, 1, N, device=dev).bfloat16(),
-            C=torch.randn(1, Lw, 1, N, device=dev).bfloat16(), dt_softplus=True, chunk_size=256)
-size = runtime.workspace_size("ssd_fwd", x=wide["x"], B=wide["B"])
-assert size > 0
-runtime.launch("ssd_fwd", out=torch.empty_like(wide["x"]), final_states=torch.empty(1, Hw, P, N, device=dev),
-               workspace=torch.empty(size // 4, device=dev), **wide)
-# ssd_fwd_paired (sm_90a; the walk elsewhere): the calls above but seq_idx's again, each launch it can run sent to it
-# however few its CTAs (the states-only pass stays on the walk)
-dispatch._recent_calls.clear()  # (a memoised call would skip the plan's choice)
-paired_min_ctas, ssd_fwd.PAIRED_MIN_CTAS = ssd_fwd.PAIRED_MIN_CTAS, 0
-for packing, used in (({}, slots_used[:1]), ({"cu_seqlens": cu_seqlens}, slots_used)):
-    pool = torch.randn(slots, H, P, N, device=dev)
-    runtime.launch("ssd_fwd", out=torch.empty_like(xs), initial_states=pool, final_states=pool,
-                   initial_state_indices=used, final_state_indices=used, **packing, **prefill)
-runtime.launch("ssd_fwd", out=torch.empty_like(xs), final_states=torch.empty(1, H, P, N, device=dev),
-               chunk_states=torch.empty(1, 3, H, P, N, device=dev), **prefill)
-runtime.launch("ssd_fwd", out=torch.empty_like(long["x"]), final_states=torch.empty(1, 2, P, N, device=dev),
-               workspace=torch.empty(runtime.workspace_size("ssd_fwd", x=long["x"], B=long["B"]) // 4, device=dev),
-               **long)
-runtime.launch("ssd_fwd", out=torch.empty_like(wide["x"]), final_states=torch.empty(1, Hw, P, N, device=dev),
-               workspace=torch.empty(size // 4, device=dev), **wide)
+slots_used = torch.tensor([4, -1, 15], dtype=torch.int32, device=dev)
+
+
+def forward(N):
+    xs = torch.randn(1, L, H, P, device=dev).bfloat16()
+    prefill = dict(x=xs, dt=torch.randn(1, L, H, device=dev).bfloat16(), A=-torch.rand(H, device=dev),
+                   B=torch.randn(1, L, G, N, device=dev).bfloat16(), C=torch.randn(1, L, G, N, device=dev).bfloat16(),
+                   D=torch.randn(H, device=dev), z=torch.randn_like(xs), dt_bias=torch.randn(H, device=dev),
+                   dt_softplus=True, chunk_size=64)
+    for packing in ({"cu_seqlens": cu_seqlens}, {"seq_idx": seq_idx}):
+        for state_dtype in (torch.float32, torch.bfloat16):
+            pool = torch.randn(slots, H, P, N, device=dev).to(state_dtype)
+            runtime.launch("ssd_fwd", out=torch.empty_like(xs), initial_states=pool, final_states=pool,
+                           initial_state_indices=slots_used, final_state_indices=slots_used, **packing, **prefill)
+    runtime.launch("ssd_fwd", out=torch.empty_like(xs), final_states=torch.empty(1, H, P, N, device=dev),
+                   chunk_states=torch.empty(1, 3, H, P, N, device=dev), **prefill)
+    for heads, length in ((2, 1100), (270, 512)):  # the split, the handover
+        call = dict(x=torch.randn(1, length, heads, P, device=dev).bfloat16(),
+                    dt=torch.randn(1, length, heads, device=dev).bfloat16(), A=-torch.rand(heads, device=dev),
+                    B=torch.randn(1, length, 1, N, device=dev).bfloat16(),
+                    C=torch.randn(1, length, 1, N, device=dev).bfloat16(),
+                    z=torch.randn(1, length, heads, P, device=dev).bfloat16(),
+                    initial_states=torch.randn(1, heads, P, N, device=dev), dt_softplus=True, chunk_size=256)
+        size = runtime.workspace_size("ssd_fwd", x=call["x"], B=call["B"])
+        assert size > 0
+        runtime.launch("ssd_fwd", out=torch.empty_like(call["x"]), final_states=torch.empty(1, heads, P, N, device=dev),
+                       workspace=torch.empty(size // 4, device=dev), **call)
+
+
+# every launch on the walk, then every launch ssd_fwd_paired can run (sm_90a; elsewhere its cubins are the walk) on it
+# however few its CTAs: the seq_idx calls and the states-only pass stay on the walk
+paired_min_ctas = ssd_fwd.PAIRED_MIN_CTAS
+for min_ctas in (1 << 30, 0):
+    ssd_fwd.PAIRED_MIN_CTAS = min_ctas
+    dispatch._recent_calls.clear()  # (a memoised call would skip the plan's choice)
+    for d_state in (64, N):
+        forward(d_state)
 ssd_fwd.PAIRED_MIN_CTAS = paired_min_ctas
 # the pre-conv path: prefill into a conv pool in place (packed, a short sequence), the three conv pool modes, and
 # the fused conv + SSM verify in each mode (padding and out-of-range rows, the tickets' last-arrival writes)

@@ -1,4 +1,5 @@
-"""ssd_fwd on the GPU against the fp64 oracle (token-by-token recurrence on the same rounded inputs).
+"""ssd_fwd on the GPU against the fp64 oracle (token-by-token recurrence on the same rounded inputs), every launch on
+the walk (kernel_src/ssd_fwd.py): tests/test_ssd_fwd_paired_gpu.py runs these tests again on ssd_fwd_paired.
 
 Needs a CUDA device and the ssd_fwd cubins (``scons`` output or installed wheels); see tests/conftest.py.
 """
@@ -14,6 +15,16 @@ from reference import generators  # noqa: E402
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 INPUT_KEYS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias")
+
+
+@pytest.fixture(autouse=True)
+def _walk_only(monkeypatch):
+    """No launch goes to ssd_fwd_paired, however many its CTAs. (Named with an underscore: the paired module imports
+    this one's tests with ``*`` and must not get this fixture.)"""
+    from mamba2_aot import dispatch
+    from mamba2_aot.plans import ssd_fwd
+    monkeypatch.setattr(dispatch, "_recent_calls", {})  # (no memoised call may skip the plan)
+    monkeypatch.setattr(ssd_fwd, "PAIRED_MIN_CTAS", 1 << 30)
 
 
 def _runtime():

@@ -119,8 +119,9 @@ STATES_PASS_COST = 0.42
 SHARED_SM_COST = 1.28
 # ssd_fwd_paired's CTAs (two heads each, one per SM) a launch needs for it: about one per SM of an H100 / H200.
 # Measured on the H200 (docs/PERF_NOTES.md, twenty-sixth and twenty-seventh sessions): 1.1-1.3x faster than the walk
-# from 320 CTAs up, and at 128 (the segments of the B2 H64 and Nemotron-H-like reference calls) 1.04-1.15x; at 64 CTAs
-# (half the SMs) 0.94-1.06x, and a split call's walk is faster still there.
+# from 320 CTAs up; the B2 H64 and Nemotron-H-like reference calls 1.04-1.15x faster as a whole with their split's
+# segments (128 CTAs) paired; at 64 CTAs (half the SMs) 0.94-1.06x, and a split call's walk is faster still there.
+# (133-263 CTAs, two waves either way, not measured: by a model from those figures about even or better.)
 PAIRED_MIN_CTAS = 128
 PAIRED_FAMILY = "ssd_fwd_paired"
 MAX_HANDOVER_SEGMENTS = 4  # each hand-over costs a wait and a pipeline refill: a few, not many
