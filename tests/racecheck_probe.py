@@ -33,11 +33,15 @@ FREE, STAGED, EXTRA = 4, 5, 7   # named barrier ids (0 is __syncthreads)
 COUNT = WRITERS + READERS
 
 
+def round_count(mode):
+    return 1 if mode == "handoff" else ROUNDS
+
+
 def expected_sums(mode):
     """Each reader's sum over the rounds: round k's value i is i + k."""
-    rounds = 1 if mode == "handoff" else ROUNDS
     per_reader = VALUES // READERS
-    return [sum(r * per_reader + i + k for i in range(per_reader) for k in range(rounds)) for r in range(READERS)]
+    return [sum(r * per_reader + i + k for i in range(per_reader) for k in range(round_count(mode)))
+            for r in range(READERS)]
 
 
 def _define_kernel():
@@ -54,7 +58,6 @@ def _define_kernel():
 
         def __init__(self, mode: str):
             self.mode = mode
-            self.rounds = 1 if mode == "handoff" else ROUNDS
             self.block = (384, 1, 1)
             self.cluster = (1, 1, 1)
             self.dynamic_smem = VALUES * 4
@@ -78,7 +81,7 @@ def _define_kernel():
             a = bind(self.params(), args)
             values = cutlass.utils.SmemAllocator().allocate_tensor(Float32, cute.make_layout((VALUES,)), 16)
             out = cute.make_tensor(a.out, cute.make_layout((READERS,)))
-            rounds = self.rounds
+            rounds = round_count(self.mode)
             tid = cute.arch.thread_idx()[0]
             if tid < WRITERS:
                 for k in cutlass.range_constexpr(rounds):
@@ -122,22 +125,22 @@ def build(directory: Path):
 
 
 def run(directory: Path, mode: str):
-    import ctypes
     import json
 
     import torch
-    from mamba2_aot import driver
+    from mamba2_aot import driver, manifest
+    from mamba2_aot.dispatch import ParamPacker
     entry = json.loads((directory / f"{mode}.json").read_text())
     out = torch.zeros(READERS, device="cuda")
     drv = driver.get()
     torch.cuda.synchronize()
     image = (directory / f"{mode}.cubin").read_bytes()  # (the library keeps a pointer to it: alive until the end)
     kernel = drv.library_get_kernel(drv.library_load_data(image), entry["kernel"])
-    pointer = ctypes.c_uint64(out.data_ptr())
+    packer = ParamPacker(tuple(manifest.Param(**row) for row in entry["params"]))
     attrs, num_attrs = driver.launch_attributes((1, 1, 1))
     drv.launch(drv.kernel_function(kernel), (1, 1, 1), tuple(entry["block"]), entry["dynamic_smem"],
                torch.cuda.current_stream().cuda_stream, attrs, num_attrs,
-               (ctypes.c_void_p * 1)(ctypes.addressof(pointer)))
+               packer.load(packer.pack({"out": out.data_ptr()})))
     torch.cuda.synchronize()
     assert out.tolist() == expected_sums(mode), f"{mode}: wrong values"
     print(f"{mode}: values right")
