@@ -77,6 +77,12 @@ class SsdForward:
     gate_buffers = 2          # z's tiles (the walk with outputs)
     segment_handover = True   # split calls' segments may hand their states over
     weighted_x_offset = TILE * TILE  # where the weighted x sits in the scratch (after S, stored there by warp MMAs)
+    # Two ways of ssd_fwd_paired's products with fewer instructions (docs/PERF_NOTES.md, twenty-eighth session): the
+    # first MMAs overwrite fresh accumulators (wgmma's scale-d off) instead of adding to zeros, and the mask drops
+    # only what it must (_mask_scores). The walk keeps the longer code: ptxas schedules it 11-19 % slower with the
+    # first, and with the second it spills at N 64 fp16.
+    overwrites_accumulators = False
+    lean_mask = False
 
     def __init__(self, headdim: int, d_state: int, io_dtype: str, state_dtype: str):
         expect_constants(self, headdim=headdim, d_state=d_state, io_dtype=io_dtype, state_dtype=state_dtype)
@@ -553,15 +559,17 @@ class SsdForward:
         ``product_threads``; ssd_fwd_paired's product warpgroups), or, by default, on the CTA's barrier."""
         mma, acc_h, sX, sB, sC, sS, sXw, _, sH, sDelta, sCs = work
         base, cs_end = self._run_cumsums(sCs, s0, s1)
+        fresh = self.overwrites_accumulators
         acc_s = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
-        acc_s.fill(0.0)
         acc_y = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P_TILE)), Float32)
-        acc_y.fill(0.0)
-        mma.gemm(acc_s, sC, sB, self.d_state // 16, wait=False)
+        if cutlass.const_expr(not fresh):
+            acc_s.fill(0.0)
+            acc_y.fill(0.0)
+        mma.gemm(acc_s, sC, sB, self.d_state // 16, wait=False, accumulate=not fresh)
         self._weigh_rows(sX, sXw, sDelta, sCs, s0, s1, cs_end, tid, io_type)  # while C·Bᵀ runs (sm_90a)
         mma.wait()
         if cutlass.const_expr(mma.asynchronous):
-            mma.gemm(acc_y, sC, sH, self.d_state // 16, wait=False)  # C·h₀ᵀ runs while S is masked
+            mma.gemm(acc_y, sC, sH, self.d_state // 16, wait=False, accumulate=not fresh)  # while S is masked
             self._mask_scores(mma, acc_s, sDelta, sCs, s0, s1)
             scores = mma.accumulator_operand(acc_s, TILE)
             mma.wait()
@@ -574,7 +582,7 @@ class SsdForward:
         else:  # (one accumulator fewer is live during the mask)
             self._mask_scores(mma, acc_s, sDelta, sCs, s0, s1)
             store_pairs(mn_view(acc_s), mn_view(mma.thr.partition_C(sS)), io_type)
-            mma.gemm(acc_y, sC, sH, self.d_state // 16)
+            mma.gemm(acc_y, sC, sH, self.d_state // 16, accumulate=not fresh)
             self._decay_rows(mma, acc_y, sCs, base)
             self._walk_sync(walk_barrier)  # S and the weighted x are complete
             mma.gemm(acc_y, sS, transposed(sX, TILE, P_TILE), TILE // 16, b_transposed=True)
@@ -701,7 +709,10 @@ class SsdForward:
 
     @cute.jit
     def _mask_scores(self, mma, acc_s, sDelta, sCs, s0, s1):
-        """S = C·Bᵀ (in acc_s) ⊙ 2^(cs_i - cs_j) Δ_j on s0 <= j <= i < s1 (zero elsewhere), in place."""
+        """S = C·Bᵀ (in acc_s) ⊙ 2^(cs_i - cs_j) Δ_j on s0 <= j <= i < s1 (zero elsewhere), in place; with
+        ``lean_mask``, zero above the diagonal only (module docstring of ssd_fwd_paired: Δ_j is zero before the run,
+        rows past it are not stored), the diagonal's mask an exponent of -inf (a select of S itself ptxas applies
+        after the rounding to the I/O dtype, on packed halves)."""
         zero = Float32(0.0)
         S = mn_view(acc_s)
         S_coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, TILE))))
@@ -711,16 +722,23 @@ class SsdForward:
         for c in cutlass.range_constexpr(cols):
             j = S_coords[0, c][1]
             cs_cols[c] = sCs[j]
-            delta_cols[c] = Float32(cutlass.select_(j >= s0, sDelta[j], zero))
+            if cutlass.const_expr(self.lean_mask):
+                delta_cols[c] = sDelta[j]
+            else:
+                delta_cols[c] = Float32(cutlass.select_(j >= s0, sDelta[j], zero))
         for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
             i = S_coords[r, 0][0]
             cs_i = sCs[i]
             in_rows = i < s1
             for c in cutlass.range_constexpr(cols):
                 j = S_coords[0, c][1]
-                decay = cute.math.exp2(cute.math.min(cs_i - cs_cols[c], zero), fastmath=True)
-                keep = in_rows & (j <= i)
-                S[r, c] = Float32(cutlass.select_(keep, S[r, c] * decay * delta_cols[c], zero))
+                if cutlass.const_expr(self.lean_mask):
+                    exponent = Float32(cutlass.select_(j <= i, cute.math.min(cs_i - cs_cols[c], zero), -math.inf))
+                    S[r, c] = S[r, c] * cute.math.exp2(exponent, fastmath=True) * delta_cols[c]
+                else:
+                    decay = cute.math.exp2(cute.math.min(cs_i - cs_cols[c], zero), fastmath=True)
+                    keep = in_rows & (j <= i)
+                    S[r, c] = Float32(cutlass.select_(keep, S[r, c] * decay * delta_cols[c], zero))
 
     @cute.jit
     def _decay_rows(self, mma, acc_y, sCs, base):

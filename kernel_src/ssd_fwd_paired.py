@@ -9,7 +9,11 @@ SM, walking heads 2y and 2y + 1 of one group (grid y; the CTAs past H / 2 exit a
   registers, the h update), then y += D ⊙ x in fp32 from the x tile and y ·= silu(z) from the z tile (the same
   operations, in the same order, as ssd_fwd's row pass: the outputs are bitwise ssd_fwd's for finite inputs; without
   D the walk adds 0 · x and this kernel nothing), y staged in the I/O dtype. They keep their registers
-  (``setmaxnreg``); everything else is the helper's;
+  (``setmaxnreg``); everything else is the helper's. Their code is shorter than the walk's (``lean_mask``,
+  ``overwrites_accumulators``): a CTA walks one sequence, so Δ is zero in a block's rows before it (the scan's) and
+  the mask need not drop those columns; rows past the sequence are not stored, so the mask leaves them; the
+  diagonal's mask is an exponent of -inf, so a non-finite B at a row may make y non-finite at the earlier rows of its
+  block too (a non-finite x does so in both kernels); the first products overwrite fresh accumulators;
 - the helper warpgroup: warps 0 and 1 (the loaders) scan Δ and the cumsums of the next block (warp w for head w)
   and cp.async B and C, which the two heads share; warps 2 and 3 (the writers) cp.async x and z and copy each
   head's staged y to ``out``.
@@ -74,6 +78,13 @@ def head_barrier(w, which):
 class SsdForwardPaired(SsdForward):
     family = "ssd_fwd_paired"
     d_states = (64, 128)   # (N 256 is never paired: the plan keeps it on ssd_fwd)
+
+    @property
+    def overwrites_accumulators(self):
+        """The products' shorter code (ssd_fwd's switches) in the warp-specialized CTA; elsewhere the walk's."""
+        return self._paired()
+
+    lean_mask = overwrites_accumulators
 
     def _paired(self):
         """The warp-specialized CTA: sm_90a (wgmma) with N <= 128; else ssd_fwd's walk."""

@@ -154,10 +154,13 @@ class MmaParts:
 
     @cute.jit
     def gemm(self, acc, sA, sB, k_blocks: cutlass.Constexpr, a_transposed: cutlass.Constexpr = False,
-             b_transposed: cutlass.Constexpr = False, wait: cutlass.Constexpr = True):
+             b_transposed: cutlass.Constexpr = False, wait: cutlass.Constexpr = True,
+             accumulate: cutlass.Constexpr = True):
         """acc (M × N) += sA (M × K) · sB (N × K)ᵀ from K-contiguous tiles, or from transposed views of
-        M- / N-contiguous ones (read with transposing ldmatrix) when asked. (Warp MMAs are synchronous:
-        ``wait`` is :class:`WarpgroupMmaParts`'.)"""
+        M- / N-contiguous ones (read with transposing ldmatrix) when asked; acc = sA · sBᵀ without ``accumulate``
+        (acc zeroed first). (Warp MMAs are synchronous: ``wait`` is :class:`WarpgroupMmaParts`'.)"""
+        if cutlass.const_expr(not accumulate):
+            acc.fill(0.0)
         copy_A = self.copy_At if a_transposed else self.copy_A
         copy_B = self.copy_Bt if b_transposed else self.copy_B
         frag_A = self.thr.make_fragment_A(self.thr.partition_A(sA))
@@ -184,16 +187,19 @@ class WarpgroupMmaParts:
     asynchronous = True  # gemm(..., wait=False) returns while the product runs
 
     def __init__(self, io_type, tid, warpgroups: int = 1):
-        def tiled(a_major, b_major, a_source=warpgroup.OperandSource.SMEM):
+        def tiled(a_major, b_major, a_source=warpgroup.OperandSource.SMEM, accumulate=True):
             # more warpgroups side by side along N, each m64 × 64/warpgroups per instruction
             mma = sm90_utils.make_trivial_tiled_mma(io_type, io_type, a_major, b_major, Float32, (1, warpgroups, 1),
                                                     (64, 64 // warpgroups), a_source=a_source)
-            # always D += A·B (callers zero a fresh accumulator); set here, outside the kernels' loops: the flag
-            # is state of the object, which a loop body must not rebind
-            mma.set(warpgroup.Field.ACCUMULATE, True)
+            # D += A·B, or D = A·B for a product's first k block into a fresh accumulator (no zeroing); set here,
+            # outside the kernels' loops: the flag is state of the object, which a loop body must not rebind
+            mma.set(warpgroup.Field.ACCUMULATE, accumulate)
             return mma
         k, mn = OperandMajorMode.K, OperandMajorMode.MN
         self.by_major = {(False, False): tiled(k, k), (False, True): tiled(k, mn), (True, True): tiled(mn, mn)}
+        self.fresh = {major: tiled(*major_modes, accumulate=False)
+                      for major, major_modes in (((False, False), (k, k)), ((False, True), (k, mn)),
+                                                 ((True, True), (mn, mn)))}
         # A from registers (K-major by construction), B an MN-major tile: S · x with S straight from the mask
         self.from_registers = tiled(k, mn, warpgroup.OperandSource.RMEM)
         self.thr = self.by_major[(False, False)].get_slice(tid)  # the accumulators' layout: the same for all
@@ -207,23 +213,29 @@ class WarpgroupMmaParts:
 
     @cute.jit
     def gemm(self, acc, sA, sB, k_blocks: cutlass.Constexpr, a_transposed: cutlass.Constexpr = False,
-             b_transposed: cutlass.Constexpr = False, wait: cutlass.Constexpr = True):
-        """acc (M × N) += sA (M × K) · sB (N × K)ᵀ, as :meth:`MmaParts.gemm`. With ``wait`` it waits for this and
-        every product issued before it; without, the product runs on while the caller issues more (which must
-        not touch ``acc`` until a waiting one returns)."""
+             b_transposed: cutlass.Constexpr = False, wait: cutlass.Constexpr = True,
+             accumulate: cutlass.Constexpr = True):
+        """acc (M × N) += sA (M × K) · sB (N × K)ᵀ, as :meth:`MmaParts.gemm` (without ``accumulate`` the first k
+        block overwrites acc: no zeroing). With ``wait`` it waits for this and every product issued before it;
+        without, the product runs on while the caller issues more (which must not touch ``acc`` until a waiting
+        one returns)."""
         tiled_mma = self.by_major[(a_transposed, b_transposed)]
         thr = tiled_mma.get_slice(self.tid)
         frag_A = tiled_mma.make_fragment_A(thr.partition_A(self._operand(sA)))
         frag_B = tiled_mma.make_fragment_B(thr.partition_B(self._operand(sB)))
-        self._issue(tiled_mma, acc, frag_A, frag_B, k_blocks, wait)
+        first = tiled_mma if accumulate else self.fresh[(a_transposed, b_transposed)]
+        self._issue(tiled_mma, acc, frag_A, frag_B, k_blocks, wait, first)
 
     @cute.jit
-    def _issue(self, tiled_mma, acc, frag_A, frag_B, k_blocks: cutlass.Constexpr, wait: cutlass.Constexpr):
+    def _issue(self, tiled_mma, acc, frag_A, frag_B, k_blocks: cutlass.Constexpr, wait: cutlass.Constexpr,
+               first=None):
         """The k blocks' MMAs as one commit group, after a fence that orders the register writes before them (the
-        accumulators', and A's when it comes from registers); with ``wait``, waits for every group issued."""
+        accumulators', and A's when it comes from registers); with ``wait``, waits for every group issued. The first
+        k block runs on ``first`` when given (a tiled MMA that overwrites the accumulator)."""
         warpgroup.fence()
         for k in cutlass.range_constexpr(k_blocks):
-            cute.gemm(tiled_mma, acc, frag_A[None, None, k], frag_B[None, None, k], acc)
+            cute.gemm(first if (k == 0 and first is not None) else tiled_mma, acc, frag_A[None, None, k],
+                      frag_B[None, None, k], acc)
         warpgroup.commit_group()
         if cutlass.const_expr(wait):
             warpgroup.wait_group(0)

@@ -83,13 +83,13 @@ def forward(N):
 
 # every launch on the walk, then every launch ssd_fwd_paired can run (sm_90a; elsewhere its cubins are the walk) on it
 # however few its CTAs: the seq_idx calls and the states-only pass stay on the walk
-paired_min_ctas = ssd_fwd.PAIRED_MIN_CTAS
-for min_ctas in (1 << 30, 0):
-    ssd_fwd.PAIRED_MIN_CTAS = min_ctas
+paired_pays = ssd_fwd.paired_pays
+for pairing in (False, True):
+    ssd_fwd.paired_pays = lambda pairs: pairing
     dispatch._recent_calls.clear()  # (a memoised call would skip the plan's choice)
     for d_state in (64, N):
         forward(d_state)
-ssd_fwd.PAIRED_MIN_CTAS = paired_min_ctas
+ssd_fwd.paired_pays = paired_pays
 # the pre-conv path: prefill into a conv pool in place (packed, a short sequence), the three conv pool modes, and
 # the fused conv + SSM verify in each mode (padding and out-of-range rows, the tickets' last-arrival writes)
 K = 4

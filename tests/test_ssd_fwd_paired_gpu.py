@@ -30,7 +30,7 @@ def paired_launches(monkeypatch):
         picked.append(family)
         return family
     launch_family = ssd_fwd.launch_family
-    monkeypatch.setattr(ssd_fwd, "PAIRED_MIN_CTAS", 0)
+    monkeypatch.setattr(ssd_fwd, "paired_pays", lambda pairs: True)
     monkeypatch.setattr(ssd_fwd, "launch_family", recorded)
     yield picked
 
@@ -74,7 +74,7 @@ def _expect_the_walks_bits(inputs, paired_launches, monkeypatch, **kw):
     from mamba2_aot.plans import ssd_fwd
     paired = _run(inputs, **kw)
     assert paired_launches == ["ssd_fwd_paired"]
-    monkeypatch.setattr(ssd_fwd, "PAIRED_MIN_CTAS", 1 << 30)
+    monkeypatch.setattr(ssd_fwd, "paired_pays", lambda pairs: False)
     walk = _run(inputs, **kw)
     assert paired_launches[1:] == ["ssd_fwd"]
     for name, value in walk.items():

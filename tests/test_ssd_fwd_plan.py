@@ -328,16 +328,22 @@ def test_calls_over_a_wave_that_are_not_handed_over(change):
     assert call.grid[2] == 1
 
 
-def test_launches_with_cta_pairs_enough_go_to_the_paired_kernel():
-    """ssd_fwd_paired runs a launch of two heads per CTA when there are 128 such CTAs or more; the 2.7B shape's
-    handover (320 pairs x 2 segments) is one; 128 heads of one row (64 pairs) stay on the walk."""
-    from mamba2_aot.plans.ssd_fwd import PAIRED_MIN_CTAS
-    assert PAIRED_MIN_CTAS == 128
+def test_the_paired_kernel_takes_launches_whose_walk_would_share_sms():
+    """paired_pays: from 67 pairs (134 walk CTAs, more than one per SM of 132) up, never below."""
+    from mamba2_aot.plans.ssd_fwd import paired_pays
+    assert [n for n in (1, 16, 64, 66, 67, 128, 132, 133, 140, 199, 264, 640) if paired_pays(n)] == \
+        [67, 128, 132, 133, 140, 199, 264, 640]
+
+
+def test_launches_go_to_the_paired_kernel_by_their_pairs():
+    """The 2.7B shape's handover (320 pairs x 2 segments) and its unsplit call (320) pair, and so do 128 heads of two
+    rows (128 pairs), 280 heads of one row (140) and 100 heads of 4 rows (200); 128 heads of one row (64) do not."""
     assert families(**long_args(batch=8, heads=80)) == ["ssd_fwd_paired"]
-    assert families(**long_args(batch=8, heads=80, workspace=None)) == ["ssd_fwd_paired"]  # 320 pairs, unsplit
-    assert families(**long_args(batch=2, heads=128, workspace=None)) == ["ssd_fwd_paired"]  # 128: just enough
-    assert families(**long_args(batch=2, heads=126, workspace=None)) == ["ssd_fwd"]  # 126
+    assert families(**long_args(batch=8, heads=80, workspace=None)) == ["ssd_fwd_paired"]
+    assert families(**long_args(batch=2, heads=128, workspace=None)) == ["ssd_fwd_paired"]
     assert families(**long_args(heads=128, workspace=None)) == ["ssd_fwd"]
+    assert families(**long_args(heads=280, workspace=None)) == ["ssd_fwd_paired"]
+    assert families(**long_args(batch=4, heads=100, workspace=None)) == ["ssd_fwd_paired"]
 
 
 def test_a_states_only_splits_segments_pair_and_its_states_pass_does_not():
@@ -354,7 +360,7 @@ def test_launches_the_paired_kernel_cannot_run_stay_on_the_walk(change, monkeypa
     heads, groups, d_state = 600, 1, N
     if change == "states_only":  # every launch has pairs enough: the split's segments pair, its states-only pass not
         from mamba2_aot.plans import ssd_fwd
-        monkeypatch.setattr(ssd_fwd, "PAIRED_MIN_CTAS", 0)
+        monkeypatch.setattr(ssd_fwd, "paired_pays", lambda pairs: True)
         assert families(**long_args(batch=2, heads=64, seqlen=2048)) == ["ssd_fwd", "ssd_fwd_paired"]
         return
     if change == "odd_heads_per_group":

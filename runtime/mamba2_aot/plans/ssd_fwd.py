@@ -82,10 +82,10 @@ read and write one state pool in place, are not split.
 
 Which kernel runs a launch (:func:`launch_family`): ``ssd_fwd_paired`` (``kernel_src/ssd_fwd_paired.py``: on sm_90a
 one CTA per SM walks two heads with warp-specialized warpgroups; on sm_100a its cubin is the walk) when the launch has
-d_state <= 128, no ``seq_idx``, an even number of heads per group, is not a states-only pass and has at least
-:data:`PAIRED_MIN_CTAS` CTAs of two heads; else ``ssd_fwd``'s walk. Both compute the same values in the same order:
-the outputs are the same bits either way for finite inputs (without D the walk adds 0 · x, the paired kernel
-nothing: an infinite x gives NaN in the walk's out only).
+d_state <= 128, no ``seq_idx``, an even number of heads per group, is not a states-only pass and its CTAs of two
+heads fill the GPU's waves better than the walk's (:func:`paired_pays`); else ``ssd_fwd``'s walk. Both compute the
+same values in the same order: the outputs are the same bits either way for finite inputs (without D the walk adds
+0 · x, the paired kernel nothing: an infinite x gives NaN in the walk's out only).
 """
 from __future__ import annotations
 
@@ -117,12 +117,11 @@ MIN_SEGMENT = 256  # tokens: shorter segments do not pay for the second launch
 # blocks got ~1.27x faster since, the states-only pass less: not re-measured.)
 STATES_PASS_COST = 0.42
 SHARED_SM_COST = 1.28
-# ssd_fwd_paired's CTAs (two heads each, one per SM) a launch needs for it: about one per SM of an H100 / H200.
-# Measured on the H200 (docs/PERF_NOTES.md, twenty-sixth and twenty-seventh sessions): 1.1-1.3x faster than the walk
-# from 320 CTAs up; the B2 H64 and Nemotron-H-like reference calls 1.04-1.15x faster as a whole with their split's
-# segments (128 CTAs) paired; at 64 CTAs (half the SMs) 0.94-1.06x, and a split call's walk is faster still there.
-# (133-263 CTAs, two waves either way, not measured: by a model from those figures about even or better.)
-PAIRED_MIN_CTAS = 128
+# ssd_fwd_paired against the walk (measured on the H200, unsplit calls of 16-255 CTAs of two heads, docs/PERF_NOTES.md,
+# twenty-eighth session): once the walk's CTAs (two per pair) no longer fit one per SM, the paired kernel is faster at
+# every count measured (72-255 pairs: 3-24 %; a wave of paired CTAs takes 0.80 of a walk wave of two CTAs per SM);
+# at one walk CTA per SM or fewer the two are even (-4 to +2 %), and the walk stays.
+SMS = CTA_SLOTS // 2
 PAIRED_FAMILY = "ssd_fwd_paired"
 MAX_HANDOVER_SEGMENTS = 4  # each hand-over costs a wait and a pipeline refill: a few, not many
 # A handover must beat the unsplit walk's waves by this much: the unsplit call's part-empty last wave runs faster
@@ -414,15 +413,21 @@ def split_call(call: BoundCall, workspace: DeviceArray | None) -> list[BoundCall
     return [first, second]
 
 
+def paired_pays(pairs: int) -> bool:
+    """Whether ssd_fwd_paired's ``pairs`` CTAs (two heads each) beat the walk's 2 · ``pairs``: when those do not fit
+    one per SM (above)."""
+    return 2 * pairs > SMS
+
+
 def launch_family(launch: BoundCall) -> str:
     """The family whose kernel runs ``launch`` (one launch of an ssd_fwd call): ssd_fwd_paired when it can run it and
-    it has CTAs enough (module docstring), else ssd_fwd."""
+    :func:`paired_pays` for its CTAs (module docstring), else ssd_fwd."""
     p = launch.params
     ptiles, heads, sources = launch.grid
     # (an even number of heads per group makes H even: a CTA's two heads share B and C)
     runnable = (not p["states_only"] and not p["has_seq_idx"] and launch.constants["d_state"] <= 128
                 and p["heads_per_group"] % 2 == 0)
-    return PAIRED_FAMILY if runnable and ptiles * (heads // 2) * sources >= PAIRED_MIN_CTAS else "ssd_fwd"
+    return PAIRED_FAMILY if runnable and paired_pays(ptiles * (heads // 2) * sources) else "ssd_fwd"
 
 
 class SsdForwardPairedPlan(StepPlan):
