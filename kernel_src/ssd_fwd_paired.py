@@ -8,7 +8,7 @@ SM, walking heads 2y and 2y + 1 of one group (grid y; the CTAs past H / 2 exit a
 - product warpgroups 0 and 1: the walk's products for one head each (C·Bᵀ, the weighted x, C·h₀ᵀ, the mask, S·x from
   registers, the h update), then y += D ⊙ x in fp32 from the x tile and y ·= silu(z) from the z tile (the same
   operations, in the same order, as ssd_fwd's row pass: the outputs are bitwise ssd_fwd's for finite inputs; without
-  D the walk adds 0 · x and this kernel nothing), y staged in the I/O dtype. They keep their registers
+  D the walk adds 0 · x and this kernel nothing), y staged in the I/O dtype (stmatrix). They keep their registers
   (``setmaxnreg``); everything else is the helper's. Their code is shorter than the walk's (``lean_mask``,
   ``overwrites_accumulators``): a CTA walks one sequence, so Δ is zero in a block's rows before it (the scan's) and
   the mask need not drop those columns; rows past the sequence are not stored, so the mask leaves them; the
@@ -48,8 +48,8 @@ from cutlass import Float32, Int32
 from kernel_src.abi import bind, cutlass_dtype
 from kernel_src.ssd_fwd import LOG2_E, P_TILE, SsdForward
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, async_tile_copy, buffer, fence_operands, load_tile, make_mma,
-                                  mn_view, role_arrive, role_sync, scan_slot, smem_layout, store_pairs, vec, vector,
-                                  view)
+                                  matrix_store, mn_view, role_arrive, role_sync, scan_slot, smem_layout, store_matrices,
+                                  vec, vector, view)
 from kernel_src.ssm_math import silu_approx
 
 WARPGROUP = 128
@@ -195,6 +195,7 @@ class SsdForwardPaired(SsdForward):
                               smem_layout((P_TILE, N)))
         mma = make_mma(io_type, tid, self.warps, warpgroups=1)
         acc_h = cute.make_rmem_tensor(mma.thr.partition_shape_C((P_TILE, N)), Float32)
+        staging = (matrix_store(mma, buffer(storage.y, w, P_TILE), io_type), matrix_store(mma, sH, io_type))  # y, h₀
         walk_barrier = head_barrier(w, WALK)
         if segment == 0:
             self._begin_sequence(a, states, mma, acc_h, sH, seq, h, p0, io_type)
@@ -213,8 +214,8 @@ class SsdForwardPaired(SsdForward):
         # segments write theirs but the last
         stores_chunks = (a.has_chunk_states != 0) & ((segment == a.segments - 1) != (a.has_segment_flags != 0))
         for blk in range(blk_first, blk_end):
-            self._products_block(a, states, storage, mma, acc_h, sH, w, walk_barrier, row, h, p0, blk, blk - blk_first,
-                                 start, end, stores_chunks, tid, io_type)
+            self._products_block(a, states, storage, mma, acc_h, sH, staging, w, walk_barrier, row, h, p0, blk,
+                                 blk - blk_first, start, end, stores_chunks, tid, io_type)
         if segment == a.segments - 1:
             self._end_sequence(a, states, mma, acc_h, seq, h, p0, state_type)
         if (a.has_segment_flags != 0) & (segment < a.segments - 1):  # (ssd_fwd's _set_flag on the warpgroup's barrier)
@@ -224,8 +225,8 @@ class SsdForwardPaired(SsdForward):
                 cute.arch.store(self._segment_flag(a, ptile, h, row, segment), Int32(1), sem="release", scope="gpu")
 
     @cute.jit
-    def _products_block(self, a, states, storage, mma, acc_h, sH, w, walk_barrier, row, h, p0, blk, k, start, end,
-                        stores_chunks, tid, io_type: cutlass.Constexpr):
+    def _products_block(self, a, states, storage, mma, acc_h, sH, staging, w, walk_barrier, row, h, p0, blk, k, start,
+                        end, stores_chunks, tid, io_type: cutlass.Constexpr):
         """Block blk (the walk's k-th): the products once its tiles are published, y finished and staged, h₀ of the
         next block staged."""
         N = self.d_state
@@ -235,7 +236,6 @@ class SsdForwardPaired(SsdForward):
         sDelta = self._scan_slot(storage.delta, w, k)
         sCs = self._scan_slot(storage.cs, w, k)
         sXw = buffer(storage.weighted_x, w, P_TILE)
-        sY = buffer(storage.y, w, P_TILE)
         role_sync(head_barrier(w, TR) + k % BARRIER_SLOTS, TR_COUNT)
         block_start = blk * TILE
         s0 = cute.math.max(start, block_start) - block_start
@@ -250,8 +250,8 @@ class SsdForwardPaired(SsdForward):
             self._add_skip(mma, acc_y, sX, self._sD(storage), w)
         if a.has_z != 0:
             self._gate(mma, acc_y, self._ring_tile(storage.z, w, k))
-        store_pairs(mn_view(acc_y), mn_view(mma.thr.partition_C(sY)), io_type)
-        store_pairs(mn_view(acc_h), mn_view(mma.thr.partition_C(sH)), io_type)
+        store_matrices(staging[0], acc_y, io_type)
+        store_matrices(staging[1], acc_h, io_type)
         fence_operands(mma)  # (h₀ for the next block's C·h₀ᵀ)
         role_arrive(head_barrier(w, Y_STAGED), Y_COUNT)
         role_arrive(TILES_FREE + k % BARRIER_SLOTS, TILES_FREE_COUNT)

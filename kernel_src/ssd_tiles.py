@@ -366,6 +366,25 @@ def store_pairs(frag, smem, dtype: cutlass.Constexpr):
             smem[r, (None, n)].store(pair.load())
 
 
+def matrix_store(mma, smem, dtype):
+    """A warpgroup MMA accumulator's stores into its tile ``smem`` in ``dtype`` (16-bit) with stmatrix, four 8 × 8
+    matrices (8 values of a thread) per shared store where :func:`store_pairs` stores 2; made once, outside a loop
+    that stores into the same tile, so that the addresses are too. For :func:`store_matrices`."""
+    copy = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), dtype),
+                                  mma.by_major[(False, False)])
+    thr = copy.get_slice(mma.tid)
+    return copy, thr, thr.partition_D(smem)
+
+
+@cute.jit
+def store_matrices(store, acc, dtype: cutlass.Constexpr):
+    """``acc`` rounded to ``dtype`` into the tile of ``store`` (:func:`matrix_store`)."""
+    copy, thr, destination = store
+    rounded = cute.make_rmem_tensor_like(acc, dtype)
+    rounded.store(acc.load().to(dtype))
+    cute.copy(copy, thr.retile(rounded), destination)
+
+
 def mn_view(acc):
     """An MMA accumulator (or its partition of a tile) as (rows, columns) of the thread's fragment
     (the view the CuTe DSL flash-attention example uses): ((2, MMA_M), (2, MMA_N)) for a warp MMA, whose
