@@ -711,7 +711,7 @@ class SsdForward:
     def _mask_scores(self, mma, acc_s, sDelta, sCs, s0, s1):
         """S = C·Bᵀ (in acc_s) ⊙ 2^(cs_i - cs_j) Δ_j on s0 <= j <= i < s1 (zero elsewhere), in place; with
         ``lean_mask``, zero above the diagonal only (module docstring of ssd_fwd_paired: Δ_j is zero before the run,
-        rows past it are not stored), the diagonal's mask an exponent of -inf (a select of S itself ptxas applies
+        rows past it are not stored), the causal mask (j > i) an exponent of -inf (a select of S itself ptxas applies
         after the rounding to the I/O dtype, on packed halves)."""
         zero = Float32(0.0)
         S = mn_view(acc_s)
@@ -729,7 +729,8 @@ class SsdForward:
         for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
             i = S_coords[r, 0][0]
             cs_i = sCs[i]
-            in_rows = i < s1
+            if cutlass.const_expr(not self.lean_mask):
+                in_rows = i < s1
             for c in cutlass.range_constexpr(cols):
                 j = S_coords[0, c][1]
                 if cutlass.const_expr(self.lean_mask):

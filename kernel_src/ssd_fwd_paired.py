@@ -2,8 +2,8 @@
 
 The math, the parameters and the grid are ssd_fwd's (``kernel_src/ssd_fwd.py``): the runtime sends this family the
 launches it can run (see ``runtime/mamba2_aot/plans/ssd_fwd.py``: no packed ``seq_idx``, no states-only pass, an even
-number of heads per group, about a CTA per SM), and ssd_fwd the rest. On sm_90a a CTA is three warpgroups, one per
-SM, walking heads 2y and 2y + 1 of one group (grid y; the CTAs past H / 2 exit at once):
+number of heads per group, more than 66 pairs of heads: ``paired_pays``), and ssd_fwd the rest. On sm_90a a CTA is three
+warpgroups, one per SM, walking heads 2y and 2y + 1 of one group (grid y; the CTAs past H / 2 exit at once):
 
 - product warpgroups 0 and 1: the walk's products for one head each (C·Bᵀ, the weighted x, C·h₀ᵀ, the mask, S·x from
   registers, the h update), then y += D ⊙ x in fp32 from the x tile and y ·= silu(z) from the z tile (the same
@@ -12,8 +12,9 @@ SM, walking heads 2y and 2y + 1 of one group (grid y; the CTAs past H / 2 exit a
   (``setmaxnreg``); everything else is the helper's. Their code is shorter than the walk's (``lean_mask``,
   ``overwrites_accumulators``): a CTA walks one sequence, so Δ is zero in a block's rows before it (the scan's) and
   the mask need not drop those columns; rows past the sequence are not stored, so the mask leaves them; the
-  diagonal's mask is an exponent of -inf, so a non-finite B at a row may make y non-finite at the earlier rows of its
-  block too (a non-finite x does so in both kernels); the first products overwrite fresh accumulators;
+  causal mask is an exponent of -inf, so a non-finite C·Bᵀ entry above the diagonal (a non-finite B, of this
+  sequence or of another sharing the block, or an fp32 overflow) makes y non-finite at the earlier rows of its block
+  (a non-finite x does so in both kernels); the first products overwrite fresh accumulators;
 - the helper warpgroup: warps 0 and 1 (the loaders) scan Δ and the cumsums of the next block (warp w for head w)
   and cp.async B and C, which the two heads share; warps 2 and 3 (the writers) cp.async x and z and copy each
   head's staged y to ``out``.

@@ -196,10 +196,9 @@ class WarpgroupMmaParts:
             mma.set(warpgroup.Field.ACCUMULATE, accumulate)
             return mma
         k, mn = OperandMajorMode.K, OperandMajorMode.MN
-        self.by_major = {(False, False): tiled(k, k), (False, True): tiled(k, mn), (True, True): tiled(mn, mn)}
-        self.fresh = {major: tiled(*major_modes, accumulate=False)
-                      for major, major_modes in (((False, False), (k, k)), ((False, True), (k, mn)),
-                                                 ((True, True), (mn, mn)))}
+        modes = {(False, False): (k, k), (False, True): (k, mn), (True, True): (mn, mn)}  # by (A, B) transposed
+        self.by_major = {major: tiled(*modes[major]) for major in modes}
+        self.fresh = {major: tiled(*modes[major], accumulate=False) for major in modes}
         # A from registers (K-major by construction), B an MN-major tile: S · x with S straight from the mask
         self.from_registers = tiled(k, mn, warpgroup.OperandSource.RMEM)
         self.thr = self.by_major[(False, False)].get_slice(tid)  # the accumulators' layout: the same for all
@@ -369,7 +368,7 @@ def store_pairs(frag, smem, dtype: cutlass.Constexpr):
 def matrix_store(mma, smem, dtype):
     """A warpgroup MMA accumulator's stores into its tile ``smem`` in ``dtype`` (16-bit) with stmatrix, four 8 × 8
     matrices (8 values of a thread) per shared store where :func:`store_pairs` stores 2; made once, outside a loop
-    that stores into the same tile, so that the addresses are too. For :func:`store_matrices`."""
+    that stores into the same tile. For :func:`store_matrices`."""
     copy = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), dtype),
                                   mma.by_major[(False, False)])
     thr = copy.get_slice(mma.tid)

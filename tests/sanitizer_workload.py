@@ -85,7 +85,7 @@ def forward(N):
 # however few its CTAs: the seq_idx calls and the states-only pass stay on the walk
 paired_pays = ssd_fwd.paired_pays
 for pairing in (False, True):
-    ssd_fwd.paired_pays = lambda pairs: pairing
+    ssd_fwd.paired_pays = lambda pairs, pairing=pairing: pairing
     dispatch._recent_calls.clear()  # (a memoised call would skip the plan's choice)
     for d_state in (64, N):
         forward(d_state)

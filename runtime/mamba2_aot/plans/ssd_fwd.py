@@ -80,12 +80,12 @@ streams' calls would be zeroed under a waiting segment: it would wait forever). 
 the unsplit call (the same operations in the same order). Calls with ``seq_idx`` or ``cu_seqlens``, and calls that
 read and write one state pool in place, are not split.
 
-Which kernel runs a launch (:func:`launch_family`): ``ssd_fwd_paired`` (``kernel_src/ssd_fwd_paired.py``: on sm_90a
-one CTA per SM walks two heads with warp-specialized warpgroups; on sm_100a its cubin is the walk) when the launch has
-d_state <= 128, no ``seq_idx``, an even number of heads per group, is not a states-only pass and its CTAs of two
-heads fill the GPU's waves better than the walk's (:func:`paired_pays`); else ``ssd_fwd``'s walk. Both compute the
-same values in the same order: the outputs are the same bits either way for finite inputs (without D the walk adds
-0 · x, the paired kernel nothing: an infinite x gives NaN in the walk's out only).
+Which kernel runs a launch (:func:`launch_family`): ``ssd_fwd_paired`` (``kernel_src/ssd_fwd_paired.py``: on sm_90a one
+CTA per SM walks two heads with warp-specialized warpgroups; on sm_100a its cubin is the walk) when the launch has
+d_state <= 128, no ``seq_idx``, an even number of heads per group, is not a states-only pass and its walk's CTAs (two
+per pair of heads) would not fit one per SM (:func:`paired_pays`); else ``ssd_fwd``'s walk. Both compute the same values
+in the same order: the outputs are the same bits either way for finite inputs (without D the walk adds 0 · x, the paired
+kernel nothing: an infinite x gives NaN in the walk's out only).
 """
 from __future__ import annotations
 
@@ -119,9 +119,9 @@ STATES_PASS_COST = 0.42
 SHARED_SM_COST = 1.28
 # ssd_fwd_paired against the walk (measured on the H200, unsplit calls of 16-255 CTAs of two heads, docs/PERF_NOTES.md,
 # twenty-eighth session): once the walk's CTAs (two per pair) no longer fit one per SM, the paired kernel is faster at
-# every count measured (72-255 pairs: 3-24 %; a wave of paired CTAs takes 0.80 of a walk wave of two CTAs per SM);
-# at one walk CTA per SM or fewer the two are even (-4 to +2 %), and the walk stays.
-SMS = CTA_SLOTS // 2
+# every count measured (72-255 pairs: 1.03-1.31x; a wave of paired CTAs takes 0.80 of a walk wave of two CTAs per SM);
+# at one walk CTA per SM or fewer the two are even (0.96-1.02x), and the walk stays.
+SMS = CTA_SLOTS // 2  # the SMs of an H100 / H200
 PAIRED_FAMILY = "ssd_fwd_paired"
 MAX_HANDOVER_SEGMENTS = 4  # each hand-over costs a wait and a pipeline refill: a few, not many
 # A handover must beat the unsplit walk's waves by this much: the unsplit call's part-empty last wave runs faster
