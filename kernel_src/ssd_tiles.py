@@ -157,10 +157,9 @@ class MmaParts:
              b_transposed: cutlass.Constexpr = False, wait: cutlass.Constexpr = True,
              accumulate: cutlass.Constexpr = True):
         """acc (M × N) += sA (M × K) · sB (N × K)ᵀ from K-contiguous tiles, or from transposed views of
-        M- / N-contiguous ones (read with transposing ldmatrix) when asked; acc = sA · sBᵀ without ``accumulate``
-        (acc zeroed first). (Warp MMAs are synchronous: ``wait`` is :class:`WarpgroupMmaParts`'.)"""
-        if cutlass.const_expr(not accumulate):
-            acc.fill(0.0)
+        M- / N-contiguous ones (read with transposing ldmatrix) when asked. (Warp MMAs are synchronous and always
+        accumulate: ``wait`` and ``accumulate`` are :class:`WarpgroupMmaParts`'.)"""
+        assert accumulate, "warp MMAs add to acc: zero a fresh accumulator first"
         copy_A = self.copy_At if a_transposed else self.copy_A
         copy_B = self.copy_Bt if b_transposed else self.copy_B
         frag_A = self.thr.make_fragment_A(self.thr.partition_A(sA))
