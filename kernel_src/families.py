@@ -18,6 +18,7 @@ FAMILIES = {
     "ssd_chunk_cumsum": "kernel_src.ssd_chunk_cumsum:ChunkCumsum",
     "ssd_fwd": "kernel_src.ssd_fwd:SsdForward",
     "ssd_fwd_paired": "kernel_src.ssd_fwd_paired:SsdForwardPaired",
+    "ssd_fwd_pass": "kernel_src.ssd_fwd_pass:SsdForwardPass",
     "ssd_fwd_states": "kernel_src.ssd_fwd_states:SsdForwardStates",
     "verify": "kernel_src.verify:Verify",
 }

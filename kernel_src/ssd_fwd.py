@@ -30,10 +30,10 @@ or row z split at every change of ``seq_idx`` (blocks holding a sequence start a
 sequence run). A call the runtime splits along L (never with packed sequences) runs its rows as ``segments`` of
 ``segment_len`` tokens, each segment starting from the chunk state before it, in the grid (P / 64 · rows, H,
 segments): x = row · P / 64 + the slice of P, z = segment (segment-major). It runs in one of two ways. With too
-few CTAs for the GPU, in two launches: a states-only pass (``states_only``: the h recurrence alone, x and B
-double-buffered in the tiles the outputs would use, its chunk states being the states entering the later
-segments), then every segment at once; only the last segment writes the final state and chunk states (the
-states-only pass wrote the others). With more CTAs than the GPU runs at once, in one launch whose segments hand
+few CTAs for the GPU, in two launches: a states-only pass (``states_only``: the h recurrence alone, its chunk states
+being the states entering the later segments; this class's walk as ``kernel_src/ssd_fwd_pass.py`` runs it), then
+every segment at once; only the last segment writes the final state and chunk states (the states-only pass wrote the
+others). With more CTAs than the GPU runs at once, in one launch whose segments hand
 their states over (``segment_flags``): a segment waits for the flag that the segment before it sets once its end
 state is written (as its chunk state; the last segment writes none), and waves of shorter segments leave less of
 the last wave empty.
@@ -54,8 +54,8 @@ from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, stri
 from kernel_src.families import expect_constants
 from kernel_src.ssd_tiles import (CHUNK, SCAN_GROUP, SMEM_ALIGN, TILE, VECTOR, async_tile_copy, block_cumsum, buffer,
                                   fence_operands, load_tile, make_mma, mask_bit, mn_view, next_change, pairs, role_sync,
-                                  scale_rows, scan_slot, smem_layout, source_tokens, store_change_bits, store_pairs,
-                                  store_state, transposed, vec, vector, view)
+                                  scale_rows, smem_layout, source_tokens, store_change_bits, store_pairs, store_state,
+                                  transposed, vec, vector, view)
 from kernel_src.ssm_math import delta_from_dt, silu_approx
 
 P_TILE = 64      # head-dim rows per CTA
@@ -73,8 +73,10 @@ class SsdForward:
     # ssd_fwd_states (kernel_src/ssd_fwd_states.py) is this class walking block states only: its walk, its extra
     # parameters and its scan group's sequence-change masks
     block_states_walk = False
+    states_pass = False       # ssd_fwd_pass (kernel_src/ssd_fwd_pass.py): this class walking a split call's states
     change_slots = 1
     gate_buffers = 2          # z's tiles (the walk with outputs)
+    x_tiles, b_tiles = 2, 1   # x's two buffers, B's tile (ssd_fwd_pass: rings of both)
     segment_handover = True   # split calls' segments may hand their states over
     weighted_x_offset = TILE * TILE  # where the weighted x sits in the scratch (after S, stored there by warp MMAs)
     # Two ways of ssd_fwd_paired's products with fewer instructions (docs/PERF_NOTES.md, twenty-eighth session): the
@@ -102,6 +104,11 @@ class SsdForward:
         return self.target_arch == "sm_90a" and self.d_state <= 128
 
     @property
+    def mma_warpgroups(self):
+        """Warpgroups side by side along N for the wgmma (``make_mma``), 0 for the warp MMAs."""
+        return int(self._warpgroup_mma())
+
+    @property
     def warps(self):
         """(rows, columns) of warps. One warpgroup (2 × 2) for the warpgroup MMAs, two CTAs per SM (one CTA's loads
         and barriers overlap the other's products; ssd_fwd_states aims at three); 4 × 2 for the warp MMAs, one CTA
@@ -124,8 +131,8 @@ class SsdForward:
 
     @property
     def scan_group(self):
-        """Blocks the states-only pass scans at once (at most SCAN_GROUP, even). Two on the warp-MMA CTA: with four
-        warps' raw dt in registers beside its operand fragments, sm_100a's N = 256 spilled."""
+        """Blocks the states-only pass (ssd_fwd_pass) scans at once (at most SCAN_GROUP, even). Two on the warp-MMA
+        CTA: with four warps' raw dt in registers beside its operand fragments, sm_100a's N = 256 spilled."""
         return SCAN_GROUP if self._warpgroup_mma() else 2
 
     @property
@@ -158,6 +165,8 @@ class SsdForward:
             ptr("chunk_states", "fp32", align=8), ptr("seq_idx", "int32"), ptr("cu_seqlens", "int32"),
             i32("batch"), i32("seqlen"), i32("nheads"), i32("heads_per_group"), i32("num_seqs"),
             i32("num_initial_slots"), i32("num_final_slots"), i32("chunk_size"), i32("nchunks"),
+            # states_only: 1 for a split call's states-only pass, which the plan dispatches to ssd_fwd_pass (no kernel
+            # branches on it: each family's walk is fixed)
             i32("segments"), i32("segment_len"), i32("states_only"),
             *ssm_strides(),
             *strides("initial_states", "slot", "head"), *strides("initial_state_indices", "seq"),
@@ -244,7 +253,7 @@ class SsdForward:
         sCs = storage.cs.get_tensor(cute.make_layout((TILE,)))
         sChanges = storage.changes.get_tensor(cute.make_layout((2,)))
 
-        mma = make_mma(io_type, tid, self.warps, warpgroups=int(self._warpgroup_mma()))
+        mma = make_mma(io_type, tid, self.warps, warpgroups=self.mma_warpgroups)
         g2s = async_tile_copy(io_type, self.threads)
         gx = x[row, None, h, None]
         gz = z[row, None, h, None]
@@ -297,27 +306,23 @@ class SsdForward:
                         prev_seq = seq_idx[row, start]
                 dt_next0, dt_next1, seq_next0, seq_next1 = self._load_raw(a, dt, seq_idx, row, h, blk_first, lane, L)
 
-            if a.states_only != 0:
+            if cutlass.const_expr(self.states_pass):  # (ssd_fwd_pass)
                 loads = (g2s, tid, gx, gB, ident_x, ident_BC, ptile, L)
                 walk = (a, states, mma, acc_h, sXw, sDelta, sCs, sChanges, dt, seq_idx, row, h, p0, start, end,
                         blk_end, bias, A_log2, warp_id, lane)
-                # (the walk's raw dt take the registers of warp 0's: nothing is left for the walk with outputs)
-                dt_next0, dt_next1 = self._walk_states(walk, loads, blk_first, blk_end,
-                                                       (buffer(storage.x, 0, P_TILE), sB),
-                                                       (buffer(storage.x, 1, P_TILE), sC), dt_next0, dt_next1, io_type)
-                blk_end = blk_first
-
-            # Each block's tiles are loaded, and its Δ scanned by warp 0, while the block before it finishes: two
-            # blocks per iteration, so that x and z alternate between their two buffers statically.
-            outputs_walk = (a, states, mma, acc_h, dt, seq_idx, out, row, h, p0, ptile, segment, start, end, blk_first,
-                            blk_end, bias, A_log2, tid, warp_id, lane, sources)
-            smem = (storage, sB, sC, sS, sXw, sY, sH, sD, sDelta, sCs, sChanges)
-            for pair in range(blk_first, blk_end, 2):
-                for parity in cutlass.range_constexpr(2):
-                    if pair + parity < blk_end:
-                        seq, prev_seq, dt_next0, dt_next1, seq_next0, seq_next1 = self._block(
-                            outputs_walk, smem, pair + parity, parity, seq, prev_seq, dt_next0, dt_next1, seq_next0,
-                            seq_next1, state_type, io_type)
+                self._walk_states(walk, loads, storage, blk_first, blk_end, dt_next0, dt_next1, io_type)
+            else:
+                # Each block's tiles are loaded, and its Δ scanned by warp 0, while the block before it finishes: two
+                # blocks per iteration, so that x and z alternate between their two buffers statically.
+                outputs_walk = (a, states, mma, acc_h, dt, seq_idx, out, row, h, p0, ptile, segment, start, end,
+                                blk_first, blk_end, bias, A_log2, tid, warp_id, lane, sources)
+                smem = (storage, sB, sC, sS, sXw, sY, sH, sD, sDelta, sCs, sChanges)
+                for pair in range(blk_first, blk_end, 2):
+                    for parity in cutlass.range_constexpr(2):
+                        if pair + parity < blk_end:
+                            seq, prev_seq, dt_next0, dt_next1, seq_next0, seq_next1 = self._block(
+                                outputs_walk, smem, pair + parity, parity, seq, prev_seq, dt_next0, dt_next1,
+                                seq_next0, seq_next1, state_type, io_type)
 
             if segment == a.segments - 1:
                 self._end_sequence(a, states, mma, acc_h, seq, h, p0, state_type)
@@ -457,9 +462,9 @@ class SsdForward:
 
         @cute.struct
         class SharedStorage:
-            x: cute.struct.Align[cute.struct.MemRange[io_type, 2 * TILE * P_TILE], SMEM_ALIGN]
+            x: cute.struct.Align[cute.struct.MemRange[io_type, self.x_tiles * TILE * P_TILE], SMEM_ALIGN]
             z: cute.struct.Align[cute.struct.MemRange[io_type, self.gate_buffers * TILE * P_TILE], SMEM_ALIGN]
-            B: cute.struct.Align[cute.struct.MemRange[io_type, TILE * N], SMEM_ALIGN]
+            B: cute.struct.Align[cute.struct.MemRange[io_type, self.b_tiles * TILE * N], SMEM_ALIGN]
             C: cute.struct.Align[cute.struct.MemRange[io_type, TILE * N], SMEM_ALIGN]
             scratch: cute.struct.Align[cute.struct.MemRange[Float32, self._scratch_floats()], SMEM_ALIGN]
             h: cute.struct.Align[cute.struct.MemRange[io_type, P_TILE * N], SMEM_ALIGN]
@@ -617,49 +622,14 @@ class SsdForward:
         scale_rows([(sX, sXw, weight)], s, tid % per_row, per_row, io_type)
 
     @cute.jit
-    def _advance_state(self, mma, acc_h, sXw, sB, base, cs_end):
-        """h = 2^(cs_end - base) h + (weighted x)ᵀ · B: the state past the rows weighed by :meth:`_weigh_rows`."""
+    def _advance_state(self, mma, acc_h, sXw, sB, base, cs_end, wait: cutlass.Constexpr = True):
+        """h = 2^(cs_end - base) h + (weighted x)ᵀ · B: the state past the rows weighed by :meth:`_weigh_rows`
+        (without ``wait`` the product runs on: ``mma.wait()`` before h is read)."""
         state_decay = cute.math.exp2(cute.math.min(cs_end - base, Float32(0.0)), fastmath=True)
         for e in cutlass.range_constexpr(cute.size(acc_h)):
             acc_h[e] = acc_h[e] * state_decay
         mma.gemm(acc_h, transposed(sXw, TILE, P_TILE), transposed(sB, TILE, self.d_state), TILE // 16,
-                 a_transposed=True, b_transposed=True)
-
-    @cute.jit
-    def _walk_states(self, walk, loads, blk_first, blk_end, first, second, dt0, dt1, io_type: cutlass.Constexpr):
-        """A states-only pass: h over blocks [blk_first, blk_end) with no outputs, the chunk states stored. Two
-        blocks per iteration, x and B double-buffered (``first``, ``second``: the walk with outputs' two x buffers,
-        with its B and C tiles), so each block's loads overlap the previous block's work. A block's cumsum does not
-        depend on the blocks before it, so the first ``scan_group`` warps scan a group of blocks at once, one each,
-        and a block's chain holds no scan (with one warp scanning every block, the others waited for it at a
-        barrier for ~40 % of the pass). ``dt0``, ``dt1``: warp 0's raw dt of the first block; returns the last raw
-        dt loaded (in their registers). Sequence changes are not looked at: the runtime sends no packed call here."""
-        (a, _, _, _, _, _, _, _, dt, seq_idx, row, h, _, _, _, _, _, _, warp_id, lane) = walk
-        if (warp_id > 0) & (warp_id < self.scan_group):  # (warp 0 has the first block's: dt0, dt1)
-            dt0, dt1, _, _ = self._load_raw(a, dt, seq_idx, row, h, blk_first + warp_id, lane, a.seqlen)
-        blk = blk_first
-        self._load_states_tiles(loads, first, blk)
-        while blk < blk_end:
-            if (blk - blk_first) % self.scan_group == 0:  # (scan_group is even: a group starts an iteration)
-                dt0, dt1 = self._scan_next_group(walk, blk, dt0, dt1)
-            self._states_block(walk, loads, blk, (blk - blk_first) % self.scan_group, first, second, io_type)
-            if blk + 1 < blk_end:
-                self._states_block(walk, loads, blk + 1, (blk + 1 - blk_first) % self.scan_group, second, first,
-                                   io_type)
-            blk = blk + 2
-        return dt0, dt1
-
-    @cute.jit
-    def _scan_next_group(self, walk, blk, dt0, dt1):
-        """Warp w < ``scan_group``: Δ and the cumsums of block blk + w into scan slot w (published by the barrier of
-        block blk, which no warp passes before every block of the group before has read its slot), then the raw
-        dt of block blk + scan_group + w. Returns those raw dt."""
-        (a, _, _, _, _, sDelta, sCs, _, dt, seq_idx, row, h, _, start, end, _, bias, A_log2, warp_id, lane) = walk
-        if warp_id < self.scan_group:
-            self._scan_block(a, dt0, dt1, blk + warp_id, start, end, bias, A_log2, scan_slot(sDelta, warp_id),
-                             scan_slot(sCs, warp_id), lane)
-            dt0, dt1, _, _ = self._load_raw(a, dt, seq_idx, row, h, blk + self.scan_group + warp_id, lane, a.seqlen)
-        return dt0, dt1
+                 a_transposed=True, b_transposed=True, wait=wait)
 
     @cute.jit
     def _load_states_tiles(self, loads, buffers, blk):
@@ -669,28 +639,6 @@ class SsdForward:
         load_tile(g2s, thr, gx, ident_x, sX, (TILE, P_TILE), (blk, ptile), L)
         load_tile(g2s, thr, gB, ident_BC, sB, (TILE, self.d_state), (blk, 0), L)
         cute.arch.cp_async_commit_group()
-
-    @cute.jit
-    def _states_block(self, walk, loads, blk, slot, here, there, io_type: cutlass.Constexpr):
-        """One block of :meth:`_walk_states` from the tiles in ``here`` and the scan ``slot``, the next block's loads
-        into ``there``."""
-        (a, states, mma, acc_h, sXw, sDelta, sCs, _, _, _, row, h, p0, start, end, blk_end, _, _, _, _) = walk
-        _, tid, _, _, _, _, _, L = loads
-        cute.arch.cp_async_wait_group(0)
-        cute.arch.sync_threads()  # this block's tiles (and a group's scans) are in; every warp done with the last block
-        if blk + 1 < blk_end:
-            self._load_states_tiles(loads, there, blk + 1)
-        block_start = blk * TILE
-        s0 = cute.math.max(start, block_start) - block_start
-        s1 = cute.math.min(end, block_start + TILE) - block_start
-        slot_delta = scan_slot(sDelta, slot)
-        slot_cs = scan_slot(sCs, slot)
-        base, cs_end = self._run_cumsums(slot_cs, s0, s1)
-        self._weigh_rows(here[0], sXw, slot_delta, slot_cs, s0, s1, cs_end, tid, io_type)
-        fence_operands(mma)  # (and the block's tiles)
-        cute.arch.sync_threads()  # the weighted x (and every warp done reading the slot)
-        self._advance_state(mma, acc_h, sXw, here[1], base, cs_end)
-        self._store_chunk_state(a, states, mma, acc_h, row, h, p0, block_start + s1 - 1, L)
 
     @cute.jit
     def _run_cumsums(self, sCs, s0, s1):

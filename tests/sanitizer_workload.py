@@ -82,7 +82,7 @@ def forward(N):
 
 
 # every launch on the walk, then every launch ssd_fwd_paired can run (sm_90a; elsewhere its cubins are the walk) on it
-# however few its CTAs: the seq_idx calls and the states-only pass stay on the walk
+# however few its CTAs: the seq_idx calls stay on the walk (a split call's states-only pass runs on ssd_fwd_pass)
 paired_pays = ssd_fwd.paired_pays
 for pairing in (False, True):
     ssd_fwd.paired_pays = lambda pairs, pairing=pairing: pairing

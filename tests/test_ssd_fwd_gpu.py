@@ -319,8 +319,9 @@ def test_handover_calls_equal_unsplit_calls_bitwise(constants):
 @pytest.mark.parametrize("constants", built_constants("ssd_fwd"),
                          ids=lambda c: "-".join(f"{k}{v}" for k, v in sorted(c.items())))
 def test_split_calls_equal_unsplit_calls_bitwise(constants):
-    """Each built variant: a call split along L gives bitwise the unsplit call's outputs, final states and chunk
-    states, for entering states kept in the workspace and in chunk_states."""
+    """Each built variant: a call split along L (its states-only pass on ssd_fwd_pass, several chunk states in it)
+    gives bitwise the unsplit call's outputs, final states and chunk states, for entering states kept in the
+    workspace and in chunk_states."""
     P, N, io, state = constants["headdim"], constants["d_state"], constants["io_dtype"], constants["state_dtype"]
     inputs = _to_cuda(generators.standard_inputs(1, 1100 + 37, 2, P, N, 1, TORCH_DTYPES[io], seed=N + P, D="H",
                                                  z=True, initial_states=True))

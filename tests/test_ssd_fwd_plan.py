@@ -346,13 +346,13 @@ def test_launches_go_to_the_paired_kernel_by_their_pairs():
     assert families(**long_args(batch=4, heads=100, workspace=None)) == ["ssd_fwd_paired"]
 
 
-def test_a_states_only_splits_segments_pair_and_its_states_pass_does_not():
-    """B2 L2048 H64, the first reference shape: the states-only pass (64 heads x 2 rows, 64 pairs) runs on the walk,
-    its 2 segments (128 pairs) on the paired kernel. (The rule that keeps any states-only pass on the walk:
-    test_launches_the_paired_kernel_cannot_run_stay_on_the_walk.)"""
+def test_a_states_only_splits_pass_runs_on_its_own_kernel_and_its_segments_pair():
+    """B2 L2048 H64, the first reference shape: the states-only pass (64 heads x 2 rows) runs on ssd_fwd_pass, its 2
+    segments (128 pairs) on the paired kernel. The pass goes to ssd_fwd_pass whatever its pairs, and nothing else does
+    (test_launches_the_paired_kernel_cannot_run_stay_on_the_walk)."""
     first, second = steps(**long_args(batch=2, heads=64, seqlen=2048))
     assert first.params["states_only"] == 1 and second.params["segments"] == 2
-    assert families(**long_args(batch=2, heads=64, seqlen=2048)) == ["ssd_fwd", "ssd_fwd_paired"]
+    assert families(**long_args(batch=2, heads=64, seqlen=2048)) == ["ssd_fwd_pass", "ssd_fwd_paired"]
 
 
 @pytest.mark.parametrize("change", ["seq_idx", "odd_heads_per_group", "d_state_256", "states_only"])
@@ -361,7 +361,7 @@ def test_launches_the_paired_kernel_cannot_run_stay_on_the_walk(change, monkeypa
     if change == "states_only":  # every launch has pairs enough: the split's segments pair, its states-only pass not
         from mamba2_aot.plans import ssd_fwd
         monkeypatch.setattr(ssd_fwd, "paired_pays", lambda pairs: True)
-        assert families(**long_args(batch=2, heads=64, seqlen=2048)) == ["ssd_fwd", "ssd_fwd_paired"]
+        assert families(**long_args(batch=2, heads=64, seqlen=2048)) == ["ssd_fwd_pass", "ssd_fwd_paired"]
         return
     if change == "odd_heads_per_group":
         groups = 200  # 3 heads per group: a CTA's two heads would read different B and C
@@ -380,10 +380,11 @@ def test_launches_the_paired_kernel_cannot_run_stay_on_the_walk(change, monkeypa
         assert families(**args) == ["ssd_fwd_paired"]
 
 
-def test_the_paired_kernel_is_a_step_not_a_family_of_its_own():
-    assert "ssd_fwd_paired" in PLANS["ssd_fwd"].step_families
+@pytest.mark.parametrize("step", ["ssd_fwd_paired", "ssd_fwd_pass"])
+def test_the_paired_kernel_and_the_pass_are_steps_not_families_of_their_own(step):
+    assert step in PLANS["ssd_fwd"].step_families
     with pytest.raises(errors.InvalidArgumentError, match="a step of ssd_fwd"):
-        runtime.launch("ssd_fwd_paired", **ssd_args())
+        runtime.launch(step, **ssd_args())
 
 
 @pytest.mark.parametrize("workspace,error,fragment", [

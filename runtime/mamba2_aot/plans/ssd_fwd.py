@@ -80,10 +80,11 @@ streams' calls would be zeroed under a waiting segment: it would wait forever). 
 the unsplit call (the same operations in the same order). Calls with ``seq_idx`` or ``cu_seqlens``, and calls that
 read and write one state pool in place, are not split.
 
-Which kernel runs a launch (:func:`launch_family`): ``ssd_fwd_paired`` (``kernel_src/ssd_fwd_paired.py``: on sm_90a one
-CTA per SM walks two heads with warp-specialized warpgroups; on sm_100a its cubin is the walk) when the launch has
-d_state <= 128, no ``seq_idx``, an even number of heads per group, is not a states-only pass and its walk's CTAs (two
-per pair of heads) would not fit one per SM (:func:`paired_pays`); else ``ssd_fwd``'s walk. Both compute the same values
+Which kernel runs a launch (:func:`launch_family`): a states-only pass ``ssd_fwd_pass`` (``kernel_src/ssd_fwd_pass.py``:
+the pass with its tiles loaded three blocks ahead); else ``ssd_fwd_paired`` (``kernel_src/ssd_fwd_paired.py``: on sm_90a
+one CTA per SM walks two heads with warp-specialized warpgroups; on sm_100a its cubin is the walk) when the launch has
+d_state <= 128, no ``seq_idx``, an even number of heads per group and its walk's CTAs (two per pair of heads) would
+not fit one per SM (:func:`paired_pays`); else ``ssd_fwd``'s walk. Both compute the same values
 in the same order: the outputs are the same bits either way for finite inputs (without D the walk adds 0 · x, the paired
 kernel nothing: an infinite x gives NaN in the walk's out only).
 """
@@ -123,6 +124,7 @@ SHARED_SM_COST = 1.28
 # at one walk CTA per SM or fewer the two are even (0.96-1.02x), and the walk stays.
 SMS = CTA_SLOTS // 2  # the SMs of an H100 / H200
 PAIRED_FAMILY = "ssd_fwd_paired"
+PASS_FAMILY = "ssd_fwd_pass"
 MAX_HANDOVER_SEGMENTS = 4  # each hand-over costs a wait and a pipeline refill: a few, not many
 # A handover must beat the unsplit walk's waves by this much: the unsplit call's part-empty last wave runs faster
 # than a full one (its CTAs share fewer SMs), so counting it as whole overstates the unsplit cost.
@@ -201,7 +203,7 @@ FORWARD_WALK_PARAMS = (
 
 class SsdForwardPlan(CompositePlan):
     family = "ssd_fwd"
-    step_families = ("ssd_fwd", PAIRED_FAMILY)
+    step_families = ("ssd_fwd", PASS_FAMILY, PAIRED_FAMILY)
     grid_rule = "headdim/64,heads,sequences"
     param_names = FORWARD_WALK_PARAMS + ("segment_flags", "has_segment_flags")
     arrays = ("x", "dt", "A", "B", "C", "out", "D", "z", "dt_bias", "chunk_states", "seq_idx",
@@ -420,13 +422,14 @@ def paired_pays(pairs: int) -> bool:
 
 
 def launch_family(launch: BoundCall) -> str:
-    """The family whose kernel runs ``launch`` (one launch of an ssd_fwd call): ssd_fwd_paired when it can run it and
-    :func:`paired_pays` for its CTAs (module docstring), else ssd_fwd."""
+    """The family whose kernel runs ``launch`` (one launch of an ssd_fwd call): ssd_fwd_pass for a states-only pass,
+    ssd_fwd_paired when it can run the launch and :func:`paired_pays` for its CTAs (module docstring), else ssd_fwd."""
     p = launch.params
+    if p["states_only"]:
+        return PASS_FAMILY
     ptiles, heads, sources = launch.grid
     # (an even number of heads per group makes H even: a CTA's two heads share B and C)
-    runnable = (not p["states_only"] and not p["has_seq_idx"] and launch.constants["d_state"] <= 128
-                and p["heads_per_group"] % 2 == 0)
+    runnable = not p["has_seq_idx"] and launch.constants["d_state"] <= 128 and p["heads_per_group"] % 2 == 0
     return PAIRED_FAMILY if runnable and paired_pays(ptiles * (heads // 2) * sources) else "ssd_fwd"
 
 
@@ -436,6 +439,14 @@ class SsdForwardPairedPlan(StepPlan):
     step_of = "ssd_fwd"
     grid_rule = SsdForwardPlan.grid_rule
     param_names = SsdForwardPlan.param_names
+
+
+class SsdForwardPassPlan(StepPlan):
+    """A split ssd_fwd call's states-only pass, which ``kernel_src/ssd_fwd_pass.py`` runs (:func:`launch_family`)."""
+    family = PASS_FAMILY
+    step_of = "ssd_fwd"
+    grid_rule = SsdForwardPlan.grid_rule
+    param_names = FORWARD_WALK_PARAMS
 
 
 def _handover_call(call: BoundCall, workspace: DeviceArray) -> BoundCall | None:
