@@ -31,7 +31,7 @@ sequence run). A call the runtime splits along L (never with packed sequences) r
 ``segment_len`` tokens, each segment starting from the chunk state before it, in the grid (P / 64 · rows, H,
 segments): x = row · P / 64 + the slice of P, z = segment (segment-major). It runs in one of two ways. With too
 few CTAs for the GPU, in two launches: a states-only pass (``states_only``: the h recurrence alone, its chunk states
-being the states entering the later segments; this class's walk as ``kernel_src/ssd_fwd_pass.py`` runs it), then
+being the states entering the later segments; ``kernel_src/ssd_fwd_pass.py``: this class with a walk of its own), then
 every segment at once; only the last segment writes the final state and chunk states (the states-only pass wrote the
 others). With more CTAs than the GPU runs at once, in one launch whose segments hand
 their states over (``segment_flags``): a segment waits for the flag that the segment before it sets once its end

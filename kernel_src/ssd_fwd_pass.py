@@ -8,8 +8,8 @@ slice of P, head, row): 128 of them at the B2 L2048 H64 and Nemotron-H-like shap
 that waited on its tiles (loaded one block ahead in ssd_fwd's walk, ~1 µs a block). Here x and B sit in a ring of four
 slots, loaded three blocks ahead; a block's product with h runs while the next block's x is weighed (no branch between
 the product and its wait, so ptxas keeps the wgmma asynchronous); on sm_90a two warpgroups share the work along N.
-The same operations in the same order as ssd_fwd's pass: the states are bitwise its. Off sm_90a (warp MMAs) the CTA
-is ssd_fwd's.
+The same operations in the same order as ssd_fwd's pass: the states are bitwise its. On the warp-MMA CTA (off sm_90a,
+and N 256) the CTA is ssd_fwd's.
 """
 import cutlass
 import cutlass.cute as cute
@@ -28,8 +28,8 @@ class SsdForwardPass(SsdForward):
     @property
     def ring(self):
         """x and B tiles in flight: a block's loads are issued ring - 1 blocks before its weighing. Four (measured
-        against two and seven, docs/PERF_NOTES.md, twenty-ninth session); two at N 256 and on sm_120a (99 KB per CTA),
-        where four do not fit."""
+        against two and seven, docs/PERF_NOTES.md, twenty-ninth session); two at N 256, where four do not fit, and on
+        sm_120a (99 KB per CTA)."""
         assert self.target_arch is not None, "ssd_fwd_pass's ring follows the target: set target_arch first"
         return 2 if self.d_state > 128 or self.target_arch == "sm_120a" else 4
 
@@ -145,7 +145,8 @@ class SsdForwardPass(SsdForward):
     @cute.jit
     def _weigh_block(self, walk, blk, slot, tiles, tid, io_type: cutlass.Constexpr):
         """Block blk's weighted x into ``tiles``' buffer from its x and scan ``slot``, without a branch (a block past
-        the walk weighs its rows by 0); returns its (base, cs_end)."""
+        the walk weighs its rows by 0: its buffer may then hold NaN from stale x, which no product reads); returns its
+        (base, cs_end)."""
         (_, _, _, _, _, sDelta, sCs, _, _, _, _, _, _, start, end, _, _, _, _, _) = walk
         block_start = blk * TILE
         s0 = cute.math.max(start, block_start) - block_start

@@ -43,7 +43,8 @@ class SsdForwardStates(SsdForward):
         return SCAN_GROUP
 
     def _extra_params(self):
-        """ssd_fwd's parameters (its ``states_only`` is 1 here: this kernel is that pass), then the block states."""
+        """ssd_fwd's parameters (its ``states_only`` is 1 here: a states-only walk, as ssd_fwd_pass), then the block
+        states."""
         return [ptr("block_states", self.io_dtype, align=2 * VECTOR),
                 *strides("block_states", "batch", "block", "head"), i32("has_block_states")]
 

@@ -87,7 +87,7 @@ paired_pays = ssd_fwd.paired_pays
 for pairing in (False, True):
     ssd_fwd.paired_pays = lambda pairs, pairing=pairing: pairing
     dispatch._recent_calls.clear()  # (a memoised call would skip the plan's choice)
-    for d_state in (64, N):
+    for d_state in (64, N) if pairing else (64, N, 256):  # (N 256 never pairs; its split's pass has a ring of two)
         forward(d_state)
 ssd_fwd.paired_pays = paired_pays
 # the pre-conv path: prefill into a conv pool in place (packed, a short sequence), the three conv pool modes, and

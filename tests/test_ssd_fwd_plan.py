@@ -358,7 +358,7 @@ def test_a_states_only_splits_pass_runs_on_its_own_kernel_and_its_segments_pair(
 @pytest.mark.parametrize("change", ["seq_idx", "odd_heads_per_group", "d_state_256", "states_only"])
 def test_launches_the_paired_kernel_cannot_run_stay_on_the_walk(change, monkeypatch):
     heads, groups, d_state = 600, 1, N
-    if change == "states_only":  # every launch has pairs enough: the split's segments pair, its states-only pass not
+    if change == "states_only":  # every launch has pairs enough: the split's segments pair, its pass runs on its own
         from mamba2_aot.plans import ssd_fwd
         monkeypatch.setattr(ssd_fwd, "paired_pays", lambda pairs: True)
         assert families(**long_args(batch=2, heads=64, seqlen=2048)) == ["ssd_fwd_pass", "ssd_fwd_paired"]
