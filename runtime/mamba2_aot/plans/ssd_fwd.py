@@ -84,9 +84,9 @@ Which kernel runs a launch (:func:`launch_family`): a states-only pass ``ssd_fwd
 the pass with its tiles loaded three blocks ahead); else ``ssd_fwd_paired`` (``kernel_src/ssd_fwd_paired.py``: on sm_90a
 one CTA per SM walks two heads with warp-specialized warpgroups; on sm_100a its cubin is the walk) when the launch has
 d_state <= 128, no ``seq_idx``, an even number of heads per group and its walk's CTAs (two per pair of heads) would
-not fit one per SM (:func:`paired_pays`); else ``ssd_fwd``'s walk. Both compute the same values
-in the same order: the outputs are the same bits either way for finite inputs (without D the walk adds 0 · x, the paired
-kernel nothing: an infinite x gives NaN in the walk's out only).
+not fit one per SM (:func:`paired_pays`); else ``ssd_fwd``'s walk. All three compute the same values in the same order:
+the outputs are the same bits whichever runs for finite inputs (without D the walk adds 0 · x, the paired kernel
+nothing: an infinite x gives NaN in the walk's out only).
 """
 from __future__ import annotations
 
