@@ -632,13 +632,16 @@ class SsdForward:
                  a_transposed=True, b_transposed=True, wait=wait)
 
     @cute.jit
-    def _load_states_tiles(self, loads, buffers, blk):
+    def _load_states_tiles(self, loads, buffers, blk, commit: cutlass.Constexpr = True):
+        """cp.async block blk's x and B into ``buffers`` (the states-only walks'), one commit group unless not
+        ``commit``."""
         g2s, tid, gx, gB, ident_x, ident_BC, ptile, L = loads
         sX, sB = buffers
         thr = g2s.get_slice(tid)
         load_tile(g2s, thr, gx, ident_x, sX, (TILE, P_TILE), (blk, ptile), L)
         load_tile(g2s, thr, gB, ident_BC, sB, (TILE, self.d_state), (blk, 0), L)
-        cute.arch.cp_async_commit_group()
+        if cutlass.const_expr(commit):
+            cute.arch.cp_async_commit_group()
 
     @cute.jit
     def _run_cumsums(self, sCs, s0, s1):

@@ -16,7 +16,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from kernel_src.ssd_fwd import P_TILE, SsdForward
-from kernel_src.ssd_tiles import TILE, buffer, fence_operands, load_tile, scan_slot, smem_layout
+from kernel_src.ssd_tiles import TILE, buffer, fence_operands, scan_slot, smem_layout
 
 
 class SsdForwardPass(SsdForward):
@@ -121,13 +121,11 @@ class SsdForwardPass(SsdForward):
 
     @cute.jit
     def _load_ring(self, loads, storage, blk_first, blk_end, k, io_type: cutlass.Constexpr):
-        """cp.async block blk_first + k's x and B into its ring slot (nothing past the walk); one commit group."""
-        g2s, tid, gx, gB, ident_x, ident_BC, ptile, L = loads
+        """cp.async block blk_first + k's x and B into its ring slot (nothing past the walk); one commit group, empty
+        past the walk (the ring's wait counts one per block)."""
         sX, sB, _ = self._tiles(storage, k, io_type)
-        thr = g2s.get_slice(tid)
         if blk_first + k < blk_end:
-            load_tile(g2s, thr, gx, ident_x, sX, (TILE, P_TILE), (blk_first + k, ptile), L)
-            load_tile(g2s, thr, gB, ident_BC, sB, (TILE, self.d_state), (blk_first + k, 0), L)
+            self._load_states_tiles(loads, (sX, sB), blk_first + k, commit=False)
         cute.arch.cp_async_commit_group()
 
     @cute.jit
