@@ -17,6 +17,7 @@ FAMILIES = {
     "ssd_bwd_walks": "kernel_src.ssd_bwd_walks:SsdBackwardWalks",
     "ssd_chunk_cumsum": "kernel_src.ssd_chunk_cumsum:ChunkCumsum",
     "ssd_fwd": "kernel_src.ssd_fwd:SsdForward",
+    "ssd_fwd_inline": "kernel_src.ssd_fwd_inline:SsdForwardInline",
     "ssd_fwd_paired": "kernel_src.ssd_fwd_paired:SsdForwardPaired",
     "ssd_fwd_pass": "kernel_src.ssd_fwd_pass:SsdForwardPass",
     "ssd_fwd_states": "kernel_src.ssd_fwd_states:SsdForwardStates",

@@ -33,7 +33,9 @@ segments): x = row · P / 64 + the slice of P, z = segment (segment-major). It r
 few CTAs for the GPU, in two launches: a states-only pass (``states_only``: the h recurrence alone, its chunk states
 being the states entering the later segments; ``kernel_src/ssd_fwd_pass.py``: this class with a walk of its own), then
 every segment at once; only the last segment writes the final state and chunk states (the states-only pass wrote the
-others). With more CTAs than the GPU runs at once, in one launch whose segments hand
+others; without a workspace for those states, ``kernel_src/ssd_fwd_inline.py`` runs the segments in one launch, each
+walking the recurrence alone from its row's start up to its own start). With more CTAs than the GPU runs at once, in
+one launch whose segments hand
 their states over (``segment_flags``): a segment waits for the flag that the segment before it sets once its end
 state is written (as its chunk state; the last segment writes none), and waves of shorter segments leave less of
 the last wave empty.
@@ -78,6 +80,9 @@ class SsdForward:
     gate_buffers = 2          # z's tiles (the walk with outputs)
     x_tiles, b_tiles = 2, 1   # x's two buffers, B's tile (ssd_fwd_pass: rings of both)
     segment_handover = True   # split calls' segments may hand their states over
+    # ssd_fwd_inline (kernel_src/ssd_fwd_inline.py): a split call in one launch, each segment after the first walking
+    # the state recurrence alone from its row's start up to its own
+    inline_pass = False
     weighted_x_offset = TILE * TILE  # where the weighted x sits in the scratch (after S, stored there by warp MMAs)
     # Two ways of ssd_fwd_paired's products with fewer instructions (docs/PERF_NOTES.md, twenty-eighth session): the
     # first MMAs overwrite fresh accumulators (wgmma's scale-d off) instead of adding to zeros, and the mask drops
@@ -231,10 +236,15 @@ class SsdForward:
         seq_idx = view(a.seq_idx, (a.batch, L), a.stride_seq_idx_batch, a.stride_seq_idx_seqlen)
         states = self._state_views(a)
 
-        # This CTA's tokens: [start, end) of one row (or of one segment of it), and the number of its first sequence.
+        # This CTA's tokens: [start, end) of one row (or of one segment of it), and the number of its first sequence;
+        # with an inline pass the walk begins at ``first``, the row's start, its outputs at start.
         segment = source % a.segments
         source = source // a.segments + split_row
-        row, start, end = self._tokens(a, source, segment)
+        if cutlass.const_expr(self.inline_pass):
+            row, first, start, end = self._segment_tokens(a, source, segment)
+        else:
+            row, start, end = self._tokens(a, source, segment)
+            first = start
         seq = source
         if a.has_seq_idx != 0:
             seq = Int32(0)  # sequences of a seq_idx row are numbered from 0 (the runtime allows states only at B == 1)
@@ -273,10 +283,13 @@ class SsdForward:
                 d_value = D[h, p0 + tid]
             sD[tid] = d_value
 
-        blk_first, blk_end = self._blocks(start, end)
+        blk_first, blk_end = self._blocks(first, end)
 
         acc_h = cute.make_rmem_tensor(mma.thr.partition_shape_C((P_TILE, N)), Float32)
-        if segment == 0:
+        from_row_start = segment == 0
+        if cutlass.const_expr(self.inline_pass):
+            from_row_start = True
+        if from_row_start:
             self._begin_sequence(a, states, mma, acc_h, sH, seq, h, p0, io_type)
         else:  # the state entering the segment: the chunk state before start, as the states-only pass or the
             # segment before this one left it
@@ -314,8 +327,9 @@ class SsdForward:
             else:
                 # Each block's tiles are loaded, and its Δ scanned by warp 0, while the block before it finishes: two
                 # blocks per iteration, so that x and z alternate between their two buffers statically.
-                outputs_walk = (a, states, mma, acc_h, dt, seq_idx, out, row, h, p0, ptile, segment, start, end,
-                                blk_first, blk_end, bias, A_log2, tid, warp_id, lane, sources)
+                # (on the warp-MMA walk an inline pass is the walk with outputs, none stored before start)
+                outputs_walk = (a, states, mma, acc_h, dt, seq_idx, out, row, h, p0, ptile, segment, first, end,
+                                blk_first, blk_end, bias, A_log2, tid, warp_id, lane, sources, start)
                 smem = (storage, sB, sC, sS, sXw, sY, sH, sD, sDelta, sCs, sChanges)
                 for pair in range(blk_first, blk_end, 2):
                     for parity in cutlass.range_constexpr(2):
@@ -337,6 +351,17 @@ class SsdForward:
         start = cute.math.max(start, segment * a.segment_len)
         end = cute.math.min(end, start + a.segment_len)
         return row, start, end
+
+    @cute.jit
+    def _segment_tokens(self, a, source, segment):
+        """(row, first, start, end) of a walk with an inline pass: its outputs' tokens [start, end), as :meth:`_tokens`
+        but that the last segment runs to the row's end (the segments are not of one length), and ``first``, the
+        row's start, where the walk begins."""
+        row, first, end = source_tokens(a, source, a.seqlen)
+        start = cute.math.max(first, segment * a.segment_len)
+        if segment < a.segments - 1:
+            end = cute.math.min(end, start + a.segment_len)
+        return row, first, start, end
 
     @cute.jit
     def _blocks(self, start, end):
@@ -397,7 +422,7 @@ class SsdForward:
         outputs. (The first block's loads and scan are made here.) Returns the carried values: the sequence number,
         the seq_idx of the next block's last row, and warp 0's raw dt / seq_idx of the block after next."""
         (a, states, mma, acc_h, _, _, out, row, h, p0, ptile, segment, start, end, blk_first, blk_end, _, _, tid,
-         warp_id, _, sources) = walk
+         warp_id, _, sources, out_start) = walk
         storage, sB, sC, sS, sXw, sY, sH, sD, sDelta, sCs, sChanges = smem
         sX = buffer(storage.x, parity, P_TILE)
         sZ = buffer(storage.z, parity, P_TILE)
@@ -436,7 +461,11 @@ class SsdForward:
                     prev_seq, dt0, dt1, seq0, seq1 = self._scan_next(walk, smem, blk + 1, prev_seq, dt0, dt1, seq0,
                                                                      seq1)
             else:
-                self._store_rows(a, sY, sX, sZ, sD, out, row, h, ptile, block_start, seg, seg_end, tid - 32, io_type)
+                stored_from = seg
+                if cutlass.const_expr(self.inline_pass):
+                    stored_from = cute.math.max(seg, out_start - block_start)
+                self._store_rows(a, sY, sX, sZ, sD, out, row, h, ptile, block_start, stored_from, seg_end, tid - 32,
+                                 io_type)
             seg = seg_end
 
         # a states-only pass wrote the chunk states of every segment but the last; a handover's segments write theirs
@@ -450,7 +479,7 @@ class SsdForward:
         """Warp 0 in the walk with outputs: block blk's Δ, cumsums and sequence changes from its raw dt / seq_idx
         (dt0, dt1, seq0, seq1), then block blk + 1's raw values. Returns (block blk's last seq_idx, those raw
         values)."""
-        (a, _, _, _, dt, seq_idx, _, row, h, _, _, _, start, end, _, _, bias, A_log2, _, _, lane, _) = walk
+        (a, _, _, _, dt, seq_idx, _, row, h, _, _, _, start, end, _, _, bias, A_log2, _, _, lane, _, _) = walk
         _, _, _, _, _, _, _, _, sDelta, sCs, sChanges = smem
         self._scan_block(a, dt0, dt1, blk, start, end, bias, A_log2, sDelta, sCs, lane)
         prev_seq = self._scan_changes(seq0, seq1, prev_seq, blk, end, sChanges, lane)

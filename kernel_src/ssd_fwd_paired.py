@@ -39,6 +39,8 @@ loaders' TILES_FREE waits: hence three of those too; Y_FREE and Y_STAGED alterna
 
 On sm_100a, which has no wgmma, the cubin is ssd_fwd's walk, so that the runtime's choice between the two families
 never depends on the device (N 256 is never paired: the plan keeps it on ssd_fwd, and no such variant is built).
+``kernel_src/ssd_fwd_inline.py`` is this class with ``inline_pass`` on: a split call in one launch, its segments after
+the first walking the state alone from their row's start (``_states_block``).
 """
 
 # (no "from __future__ import annotations": cute.struct reads its field annotations as live objects)
@@ -179,6 +181,17 @@ class SsdForwardPaired(SsdForward):
     def _sD(self, storage):
         return cute.make_tensor(storage.D.data_ptr(), cute.make_layout((HEADS, P_TILE), stride=(P_TILE, 1)))
 
+    @cute.jit
+    def _walk_tokens(self, a, source, segment):
+        """(row, first, start, end): the CTA's outputs' tokens [start, end) and the token its walk begins at (its
+        row's start with an inline pass, else start)."""
+        if cutlass.const_expr(self.inline_pass):
+            row, first, start, end = self._segment_tokens(a, source, segment)
+        else:
+            row, start, end = self._tokens(a, source, segment)
+            first = start
+        return row, first, start, end
+
     # ---- the product warpgroups
 
     @cute.jit
@@ -189,8 +202,8 @@ class SsdForwardPaired(SsdForward):
         tid = cute.arch.thread_idx()[0] % WARPGROUP
         p0 = ptile * P_TILE
         states = self._state_views(a)  # (no block states: _block_states_view is ssd_fwd's)
-        row, start, end = self._tokens(a, source, segment)
-        blk_first, blk_end = self._blocks(start, end)
+        row, first, start, end = self._walk_tokens(a, source, segment)
+        blk_first, blk_end = self._blocks(first, end)
         seq = source  # (no seq_idx here: the sequence is the row, or cu_seqlens' sequence)
         sH = cute.make_tensor(storage.h.data_ptr() + cute.assume(w * (P_TILE * N), divby=P_TILE * N),
                               smem_layout((P_TILE, N)))
@@ -198,7 +211,10 @@ class SsdForwardPaired(SsdForward):
         acc_h = cute.make_rmem_tensor(mma.thr.partition_shape_C((P_TILE, N)), Float32)
         staging = (matrix_store(mma, buffer(storage.y, w, P_TILE), io_type), matrix_store(mma, sH, io_type))  # y, h₀
         walk_barrier = head_barrier(w, WALK)
-        if segment == 0:
+        from_row_start = segment == 0
+        if cutlass.const_expr(self.inline_pass):
+            from_row_start = True
+        if from_row_start:
             self._begin_sequence(a, states, mma, acc_h, sH, seq, h, p0, io_type)
         else:  # the chunk state before start, as the states-only pass or the segment before this one left it
             if a.has_segment_flags != 0:  # (ssd_fwd's _await_flag on the warpgroup's barrier)
@@ -214,7 +230,13 @@ class SsdForwardPaired(SsdForward):
         # as in ssd_fwd: a states-only pass wrote the chunk states of every segment but the last; a handover's
         # segments write theirs but the last
         stores_chunks = (a.has_chunk_states != 0) & ((segment == a.segments - 1) != (a.has_segment_flags != 0))
-        for blk in range(blk_first, blk_end):
+        blk_out = blk_first
+        if cutlass.const_expr(self.inline_pass):
+            blk_out = cute.math.min(start // TILE, blk_end)  # (segment_len is a multiple of 64: so is start)
+            for blk in range(blk_first, blk_out):
+                self._states_block(storage, mma, acc_h, staging, w, walk_barrier, blk, blk - blk_first, first, end,
+                                   tid, io_type)
+        for blk in range(blk_out, blk_end):
             self._products_block(a, states, storage, mma, acc_h, sH, staging, w, walk_barrier, row, h, p0, blk,
                                  blk - blk_first, start, end, stores_chunks, tid, io_type)
         if segment == a.segments - 1:
@@ -230,17 +252,7 @@ class SsdForwardPaired(SsdForward):
                         end, stores_chunks, tid, io_type: cutlass.Constexpr):
         """Block blk (the walk's k-th): the products once its tiles are published, y finished and staged, h₀ of the
         next block staged."""
-        N = self.d_state
-        sB = buffer(storage.B, k % self.ring, N)
-        sC = buffer(storage.C, k % self.ring, N)
-        sX = self._ring_tile(storage.x, w, k)
-        sDelta = self._scan_slot(storage.delta, w, k)
-        sCs = self._scan_slot(storage.cs, w, k)
-        sXw = buffer(storage.weighted_x, w, P_TILE)
-        role_sync(head_barrier(w, TR) + k % BARRIER_SLOTS, TR_COUNT)
-        block_start = blk * TILE
-        s0 = cute.math.max(start, block_start) - block_start
-        s1 = cute.math.min(end, block_start + TILE) - block_start
+        sB, sC, sX, sDelta, sCs, sXw, block_start, s0, s1 = self._block_tiles(storage, w, blk, k, start, end)
         # ssd_fwd's products on the warpgroup-MMA path (no S tile, y returned in registers), on the warpgroup's barrier
         acc_y = self._products((mma, acc_h, sX, sB, sC, None, sXw, None, sH, sDelta, sCs), s0, s1, tid, io_type,
                                walk_barrier)
@@ -252,6 +264,43 @@ class SsdForwardPaired(SsdForward):
         if a.has_z != 0:
             self._gate(mma, acc_y, self._ring_tile(storage.z, w, k))
         store_matrices(staging[0], acc_y, io_type)
+        store_matrices(staging[1], acc_h, io_type)
+        fence_operands(mma)  # (h₀ for the next block's C·h₀ᵀ)
+        role_arrive(head_barrier(w, Y_STAGED), Y_COUNT)
+        role_arrive(TILES_FREE + k % BARRIER_SLOTS, TILES_FREE_COUNT)
+
+    @cute.jit
+    def _block_tiles(self, storage, w, blk, k, start, end):
+        """Block blk's (the walk's k-th) views for head w's products, once the block is published (its TR barrier):
+        (B, C, x, Δ, cumsums, weighted x, the block's first token, and its rows [s0, s1) in [start, end))."""
+        N = self.d_state
+        sB = buffer(storage.B, k % self.ring, N)
+        sC = buffer(storage.C, k % self.ring, N)
+        sX = self._ring_tile(storage.x, w, k)
+        sDelta = self._scan_slot(storage.delta, w, k)
+        sCs = self._scan_slot(storage.cs, w, k)
+        sXw = buffer(storage.weighted_x, w, P_TILE)
+        role_sync(head_barrier(w, TR) + k % BARRIER_SLOTS, TR_COUNT)
+        block_start = blk * TILE
+        s0 = cute.math.max(start, block_start) - block_start
+        s1 = cute.math.min(end, block_start + TILE) - block_start
+        return sB, sC, sX, sDelta, sCs, sXw, block_start, s0, s1
+
+    @cute.jit
+    def _states_block(self, storage, mma, acc_h, staging, w, walk_barrier, blk, k, first, end, tid,
+                      io_type: cutlass.Constexpr):
+        """Block blk (the walk's k-th) of an inline pass: h advanced past its rows in [first, end) with ssd_fwd's
+        operations in ssd_fwd_pass's order (the state is bitwise the pass's, so the outputs after it are the unsplit
+        call's), and staged as the next block's h₀; no y, but the barriers of a block with outputs (the writers store
+        nothing of it)."""
+        sB, _, sX, sDelta, sCs, sXw, _, s0, s1 = self._block_tiles(storage, w, blk, k, first, end)
+        base, cs_end = self._run_cumsums(sCs, s0, s1)
+        self._weigh_rows(sX, sXw, sDelta, sCs, s0, s1, cs_end, tid, io_type)
+        fence_operands(mma)
+        self._walk_sync(walk_barrier)  # the weighted x is complete
+        self._advance_state(mma, acc_h, sXw, sB, base, cs_end)
+        self._walk_sync(walk_barrier)  # every warp done reading the weighted x
+        role_sync(head_barrier(w, Y_FREE), Y_COUNT)
         store_matrices(staging[1], acc_h, io_type)
         fence_operands(mma)  # (h₀ for the next block's C·h₀ᵀ)
         role_arrive(head_barrier(w, Y_STAGED), Y_COUNT)
@@ -291,21 +340,21 @@ class SsdForwardPaired(SsdForward):
         L, H = a.seqlen, a.nheads
         warp = t // 32
         lane = cute.arch.lane_idx()
-        row, start, end = self._tokens(a, source, segment)
-        blk_first, blk_end = self._blocks(start, end)
+        row, first, start, end = self._walk_tokens(a, source, segment)
+        blk_first, blk_end = self._blocks(first, end)
         g = h0 // a.heads_per_group
         G = H // a.heads_per_group
         Bm = view(a.B, (a.batch, L, G, N), vec(a.stride_B_batch), vec(a.stride_B_seqlen), vec(a.stride_B_group), 1)
         Cm = view(a.C, (a.batch, L, G, N), vec(a.stride_C_batch), vec(a.stride_C_seqlen), vec(a.stride_C_group), 1)
         dt = view(a.dt, (a.batch, L, H), a.stride_dt_batch, a.stride_dt_seqlen, a.stride_dt_head)
         sources = (Bm[row, None, g, None], Cm[row, None, g, None], async_tile_copy(io_type, LOADERS),
-                   cute.make_identity_tensor((L, N)))
+                   cute.make_identity_tensor((L, N)), start)
         h = h0 + warp
         A_log2 = view(a.A, (H,), a.stride_A_head)[h] * Float32(LOG2_E)
         bias = Float32(0.0)
         if a.has_dt_bias != 0:
             bias = view(a.dt_bias, (H,), a.stride_dt_bias_head)[h]
-        scan = (a, storage, dt, row, h, start, end, bias, A_log2, warp, lane)
+        scan = (a, storage, dt, row, h, first, end, bias, A_log2, warp, lane)
         ahead = self.ring - 1
         for i in cutlass.range_constexpr(ahead):
             self._load_BC(storage, sources, blk_first + i, blk_end, i, t, L)
@@ -326,17 +375,28 @@ class SsdForwardPaired(SsdForward):
         block blk + 2."""
         _, storage, dt, row, h, _, _, _, _, _, lane = scan
         ahead = self.ring - 1
-        self._scan_into(scan, dt0, dt1, blk + 1, k + 1)
-        dt0, dt1 = self._raw_dt(dt, row, h, blk + 2, lane, L)
-        if cutlass.const_expr(ahead == 2):
+        if cutlass.const_expr(self.inline_pass):
+            # the loads first, the scan while they land: an inline pass's blocks are short, and the walk's order
+            # (scan, then loads, then their wait) put both on each of them
+            if k > 0:
+                role_sync(TILES_FREE + (k - 1) % BARRIER_SLOTS, TILES_FREE_COUNT)
+            self._load_BC(storage, sources, blk + ahead, blk_end, k + ahead, t, L)
+            self._scan_into(scan, dt0, dt1, blk + 1, k + 1)
+            dt0, dt1 = self._raw_dt(dt, row, h, blk + 2, lane, L)
             if blk + 1 < blk_end:
-                self._publish(0, k + 1)
-        if k > 0:
-            role_sync(TILES_FREE + (k - 1) % BARRIER_SLOTS, TILES_FREE_COUNT)
-        self._load_BC(storage, sources, blk + ahead, blk_end, k + ahead, t, L)
-        if cutlass.const_expr(ahead == 1):
-            if blk + 1 < blk_end:
-                self._publish(0, k + 1)
+                self._publish(ahead - 1, k + 1)
+        else:
+            self._scan_into(scan, dt0, dt1, blk + 1, k + 1)
+            dt0, dt1 = self._raw_dt(dt, row, h, blk + 2, lane, L)
+            if cutlass.const_expr(ahead == 2):
+                if blk + 1 < blk_end:
+                    self._publish(0, k + 1)
+            if k > 0:
+                role_sync(TILES_FREE + (k - 1) % BARRIER_SLOTS, TILES_FREE_COUNT)
+            self._load_BC(storage, sources, blk + ahead, blk_end, k + ahead, t, L)
+            if cutlass.const_expr(ahead == 1):
+                if blk + 1 < blk_end:
+                    self._publish(0, k + 1)
         return dt0, dt1
 
     @cute.jit
@@ -348,13 +408,18 @@ class SsdForwardPaired(SsdForward):
 
     @cute.jit
     def _load_BC(self, storage, sources, blk, blk_end, k, t, L):
-        """cp.async block blk's B and C into ring slot k mod ring; one commit group (empty past blk_end)."""
+        """cp.async block blk's B and C (no C for an inline pass's blocks, before the outputs' start) into ring slot k
+        mod ring; one commit group (empty past blk_end)."""
         N = self.d_state
-        gB, gC, g2s, ident = sources
+        gB, gC, g2s, ident, start = sources
         thr = g2s.get_slice(t)
         if blk < blk_end:
             load_tile(g2s, thr, gB, ident, buffer(storage.B, k % self.ring, N), (TILE, N), (blk, 0), L)
-            load_tile(g2s, thr, gC, ident, buffer(storage.C, k % self.ring, N), (TILE, N), (blk, 0), L)
+            with_C = True
+            if cutlass.const_expr(self.inline_pass):
+                with_C = blk * TILE + TILE > start
+            if with_C:
+                load_tile(g2s, thr, gC, ident, buffer(storage.C, k % self.ring, N), (TILE, N), (blk, 0), L)
         cute.arch.cp_async_commit_group()
 
     @cute.jit
@@ -387,15 +452,16 @@ class SsdForwardPaired(SsdForward):
         P = self.headdim
         io_type = cutlass_dtype(self.io_dtype)
         L, H = a.seqlen, a.nheads
-        row, start, end = self._tokens(a, source, segment)
-        blk_first, blk_end = self._blocks(start, end)
+        row, first, start, end = self._walk_tokens(a, source, segment)
+        blk_first, blk_end = self._blocks(first, end)
         x = view(a.x, (a.batch, L, H, P), vec(a.stride_x_batch), vec(a.stride_x_seqlen), vec(a.stride_x_head), 1)
         z = view(a.z, (a.batch, L, H, P), vec(a.stride_z_batch), vec(a.stride_z_seqlen), vec(a.stride_z_head), 1)
         out = view(a.out, (a.batch, L, H, P), vec(a.stride_out_batch), vec(a.stride_out_seqlen),
                    vec(a.stride_out_head), 1)
         sources = (x[row, None, h0, None], x[row, None, h0 + 1, None], z[row, None, h0, None],
-                   z[row, None, h0 + 1, None], async_tile_copy(io_type, WRITERS), cute.make_identity_tensor((L, P)))
-        outputs = (a, storage, out, row, h0, ptile, start, end, t)
+                   z[row, None, h0 + 1, None], async_tile_copy(io_type, WRITERS), cute.make_identity_tensor((L, P)),
+                   start)
+        outputs = (a, storage, out, row, h0, ptile, start, end, t)  # (an inline pass's blocks store nothing: < start)
         ahead = self.ring - 1
         for i in cutlass.range_constexpr(ahead):
             self._load_xz(a, storage, sources, ptile, blk_first + i, blk_end, i, t, L)
@@ -437,13 +503,16 @@ class SsdForwardPaired(SsdForward):
     @cute.jit
     def _load_xz(self, a, storage, sources, ptile, blk, blk_end, k, t, L):
         """cp.async block blk's x (and z) of both heads into ring slot k mod ring; one commit group."""
-        gx0, gx1, gz0, gz1, g2s, ident = sources
+        gx0, gx1, gz0, gz1, g2s, ident, start = sources
         thr = g2s.get_slice(t)
         if blk < blk_end:
             for w in cutlass.range_constexpr(HEADS):
                 load_tile(g2s, thr, gx0 if w == 0 else gx1, ident, self._ring_tile(storage.x, w, k), (TILE, P_TILE),
                           (blk, ptile), L)
-            if a.has_z != 0:
+            gated = a.has_z != 0
+            if cutlass.const_expr(self.inline_pass):  # (no z for an inline pass's blocks)
+                gated = gated & (blk * TILE + TILE > start)
+            if gated:
                 for w in cutlass.range_constexpr(HEADS):
                     load_tile(g2s, thr, gz0 if w == 0 else gz1, ident, self._ring_tile(storage.z, w, k),
                               (TILE, P_TILE), (blk, ptile), L)

@@ -46,7 +46,8 @@ for Q in (64, 256):
                    dt_out=torch.empty(2, H, nchunks, Q, device=dev), dA_cumsum=torch.empty(2, H, nchunks, Q, device=dev))
 # ssd_fwd: a partial last block, packed sequences starting inside blocks (both forms) with pools in place, chunk
 # states, a split along L (few CTAs, a long row: a states-only pass, then the segments, entering states in the
-# workspace), a handover (more CTAs than the GPU runs at once: segments handing their states over in one launch)
+# workspace; without a workspace, an inline pass), a handover (more CTAs than the GPU runs at once: segments handing
+# their states over in one launch)
 L = 150
 lengths = [70, 1, 79]
 cu_seqlens = torch.tensor([0, 70, 71, 150], dtype=torch.int32, device=dev)
@@ -79,6 +80,9 @@ def forward(N):
         assert size > 0
         runtime.launch("ssd_fwd", out=torch.empty_like(call["x"]), final_states=torch.empty(1, heads, P, N, device=dev),
                        workspace=torch.empty(size // 4, device=dev), **call)
+        if heads == 2:  # the split without a workspace: in one launch, an inline pass (when it pairs), else unsplit
+            runtime.launch("ssd_fwd", out=torch.empty_like(call["x"]),
+                           final_states=torch.empty(1, heads, P, N, device=dev), **call)
 
 
 # every launch on the walk, then every launch ssd_fwd_paired can run (sm_90a; elsewhere its cubins are the walk) on it

@@ -255,11 +255,11 @@ def test_incremental_rebuild(two_clean_builds):
 
 
 @pytest.mark.parametrize("config", ["ci", "full"])
-@pytest.mark.parametrize("step", ["ssd_fwd_paired", "ssd_fwd_pass"])
+@pytest.mark.parametrize("step", ["ssd_fwd_paired", "ssd_fwd_pass", "ssd_fwd_inline"])
 def test_every_ssd_fwd_variant_the_plan_may_send_to_a_step_is_built_there(config, step):
-    """ssd_fwd's plan may send any of its launches up to N 128 to ssd_fwd_paired, and any split call's states-only
-    pass to ssd_fwd_pass, with the same constants: each config builds those families for exactly ssd_fwd's variants
-    they can run (the family's d_states)."""
+    """ssd_fwd's plan may send any of its launches up to N 128 to ssd_fwd_paired, any split call's states-only pass
+    to ssd_fwd_pass, and a split call without a workspace up to N 128 to ssd_fwd_inline, with the same constants: each
+    config builds those families for exactly ssd_fwd's variants they can run (the family's d_states)."""
     matrix = tomllib.loads((ROOT / "build_configs" / f"{config}.toml").read_text())
     variants = families.expand(matrix)
     runnable = families.kernel_class(step).d_states
@@ -269,14 +269,16 @@ def test_every_ssd_fwd_variant_the_plan_may_send_to_a_step_is_built_there(config
 
 
 def test_ssd_fwd_takes_warpgroup_mma_only_on_sm90a(two_clean_builds):
-    """sm_90a ssd_fwd (its paired kernel, its pass, and the states-only walks) with wgmma per head (N <= 128) multiplies
-    with wgmma (HGMMA in the SASS, no warp MMA); sm_100a, which has no wgmma, and N = 256 keep the warp MMA (HMMA)."""
+    """sm_90a ssd_fwd (its paired and inline kernels, its pass, and the states-only walks) with wgmma per head (N <=
+    128) multiplies with wgmma (HGMMA in the SASS, no warp MMA); sm_100a, which has no wgmma, and N = 256 keep the warp
+    MMA (HMMA)."""
     tree = two_clean_builds[0]
     seen = set()
     for package, arch in (("mamba2_aot_cubins_sm90", "sm_90a"), ("mamba2_aot_cubins_sm100", "sm_100a")):
         manifest = json.loads((tree / "build/stage" / package / "manifest.json").read_text())
         for v in manifest["variants"]:
-            if v["family"] not in ("ssd_fwd", "ssd_fwd_paired", "ssd_fwd_pass", "ssd_fwd_states", "ssd_bwd_walks"):
+            if v["family"] not in ("ssd_fwd", "ssd_fwd_paired", "ssd_fwd_inline", "ssd_fwd_pass", "ssd_fwd_states",
+                                   "ssd_bwd_walks"):
                 continue
             sass = subprocess.run([toolchain.cuobjdump(), "-sass", str(tree / "build/stage" / package / v["file"])],
                                   check=True, capture_output=True, text=True).stdout

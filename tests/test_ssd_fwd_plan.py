@@ -1,5 +1,7 @@
 """The ssd_fwd launch plan on the CPU: a valid call binds every kernel parameter with the right grid and
 variant; each bad input is refused with a typed error naming the argument, before the driver is touched."""
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -38,7 +40,8 @@ def bind(**args):
 
 def test_valid_call_binds_every_parameter():
     call = bind(**ssd_args())
-    assert set(call.params) == set(PLANS["ssd_fwd"].param_names)
+    # (and inline_pass, the plan's own: which launches ssd_fwd_inline runs)
+    assert set(call.params) == set(PLANS["ssd_fwd"].param_names) | {"inline_pass"}
     assert call.grid == (P // 64, H, BATCH)
     assert call.constants == {"headdim": P, "d_state": N, "io_dtype": "fp16", "state_dtype": "fp32"}
     assert call.params["nchunks"] == 3 and call.params["num_seqs"] == BATCH
@@ -162,7 +165,8 @@ def test_segments_fill_the_free_slots_and_fit_the_workspace():
     small = fake_array(1 << 40, (3 * 32 * P * N,), "fp32")
     first, second = steps(**long_args(heads=32, workspace=small))
     assert second.params["segments"] == 4 and second.params["segment_len"] == 1024 and first.params["seqlen"] == 3072
-    assert [call.params["segments"] for call in steps(**long_args(heads=32, workspace=None))] == [1]
+    # without a workspace, one launch with an inline pass (test_a_call_without_a_workspace_...)
+    assert [call.params["inline_pass"] for call in steps(**long_args(heads=32, workspace=None))] == [1]
 
 
 def test_a_split_calls_rows_go_in_grid_x_after_the_slices_of_p():
@@ -337,11 +341,12 @@ def test_the_paired_kernel_takes_launches_whose_walk_would_share_sms():
 
 def test_launches_go_to_the_paired_kernel_by_their_pairs():
     """The 2.7B shape's handover (320 pairs x 2 segments) and its unsplit call (320) pair, and so do 128 heads of two
-    rows (128 pairs), 280 heads of one row (140) and 100 heads of 4 rows (200); 128 heads of one row (64) do not."""
+    rows (128 pairs), 280 heads of one row (140) and 100 heads of 4 rows (200); 128 heads of one row (64), too short
+    to split, do not."""
     assert families(**long_args(batch=8, heads=80)) == ["ssd_fwd_paired"]
     assert families(**long_args(batch=8, heads=80, workspace=None)) == ["ssd_fwd_paired"]
     assert families(**long_args(batch=2, heads=128, workspace=None)) == ["ssd_fwd_paired"]
-    assert families(**long_args(heads=128, workspace=None)) == ["ssd_fwd"]
+    assert families(**long_args(heads=128, seqlen=500, workspace=None)) == ["ssd_fwd"]
     assert families(**long_args(heads=280, workspace=None)) == ["ssd_fwd_paired"]
     assert families(**long_args(batch=4, heads=100, workspace=None)) == ["ssd_fwd_paired"]
 
@@ -353,6 +358,60 @@ def test_a_states_only_splits_pass_runs_on_its_own_kernel_and_its_segments_pair(
     first, second = steps(**long_args(batch=2, heads=64, seqlen=2048))
     assert first.params["states_only"] == 1 and second.params["segments"] == 2
     assert families(**long_args(batch=2, heads=64, seqlen=2048)) == ["ssd_fwd_pass", "ssd_fwd_paired"]
+
+
+def test_a_call_without_a_workspace_is_split_in_one_launch_with_an_inline_pass():
+    """B2 L2048 H64 without a workspace: no room for an entering state, so its two segments run in one ssd_fwd_inline
+    launch (128 pairs), the second walking the state alone over the first's tokens: the first segment the longer, by
+    INLINE_PASS_COST; nothing stored between them (no chunk states)."""
+    from mamba2_aot.plans.ssd_fwd import INLINE_PASS_COST, plan_inline
+    args = long_args(batch=2, heads=64, seqlen=2048, workspace=None)
+    ((family, call),) = launches(**args)
+    segments, segment_len = plan_inline(64, 2048)
+    assert family == "ssd_fwd_inline" and call.grid == (2, 64, 2) and segments == 2
+    assert {k: call.params[k] for k in ("inline_pass", "segments", "segment_len", "seqlen", "has_chunk_states",
+                                        "states_only", "has_final_states")} == {
+        "inline_pass": 1, "segments": 2, "segment_len": segment_len, "seqlen": 2048, "has_chunk_states": 0,
+        "states_only": 0, "has_final_states": 1}
+    assert segment_len % 64 == 0 and 1024 < segment_len <= 2048 - 256
+    # the first segment's time (its tokens) against the second's (the inline pass, then its own tokens)
+    assert abs(segment_len - (INLINE_PASS_COST * segment_len + 2048 - segment_len)) <= 64
+
+
+@pytest.mark.parametrize("pairs,seqlen", [(64, 2048), (64, 8192), (16, 4096), (32, 8192), (48, 1024), (66, 600)])
+def test_inline_segments_pair_fit_one_wave_and_beat_the_unsplit_row(pairs, seqlen):
+    from mamba2_aot.plans.ssd_fwd import INLINE_PASS_COST, MIN_SEGMENT, SMS, paired_pays, plan_inline
+    segments, segment_len = plan_inline(pairs, seqlen)
+    if segments == 1:  # only when two segments (one wave at 66 pairs) would leave the last too short
+        assert pairs == 66 and seqlen - math.ceil(seqlen / (64 * (2 - INLINE_PASS_COST))) * 64 < MIN_SEGMENT
+        return
+    last = seqlen - (segments - 1) * segment_len
+    assert paired_pays(pairs * segments) and pairs * segments <= SMS
+    assert segment_len % 64 == 0 and MIN_SEGMENT <= last <= segment_len
+    longest = max((1 + INLINE_PASS_COST * (segments - 2)) * segment_len,
+                  INLINE_PASS_COST * (segments - 1) * segment_len + last)
+    assert longest < seqlen
+
+
+@pytest.mark.parametrize("change", ["chunk_states", "d_state_256", "odd_heads_per_group", "workspace"])
+def test_calls_that_get_no_inline_pass(change):
+    """An inline pass only for a call the states-only split would split but whose workspace holds no entering state,
+    and whose segments pair: not with chunk_states (they hold the entering states: two launches), N 256 or an odd
+    number of heads per group (the walk: unsplit), nor with a workspace (two launches)."""
+    args = long_args(batch=2, heads=64, seqlen=2048, workspace=None)
+    if change == "chunk_states":
+        args["chunk_states"] = fake_array(1 << 41, (2, 8, 64, P, N), "fp32")
+    if change == "d_state_256":
+        args.update(long_args(batch=2, heads=64, seqlen=2048, workspace=None, d_state=256))
+    if change == "odd_heads_per_group":  # 48 heads in 16 groups: 96 CTAs, split; a CTA's two heads would read two Bs
+        args.update(long_args(batch=2, heads=48, seqlen=2048, workspace=None))
+        args["B"] = fake_array(1 << 44, (2, 2048, 16, N), "fp16")
+        args["C"] = fake_array(1 << 45, (2, 2048, 16, N), "fp16")
+    if change == "workspace":
+        args["workspace"] = fake_array(1 << 40, (1 << 26,), "fp32")
+    calls = steps(**args)
+    assert all(call.params["inline_pass"] == 0 for call in calls)
+    assert len(calls) == (2 if change in ("chunk_states", "workspace") else 1)
 
 
 @pytest.mark.parametrize("change", ["seq_idx", "odd_heads_per_group", "d_state_256", "states_only"])

@@ -144,6 +144,7 @@ def test_plans_name_the_kernels_parameters_in_order():
                "ssd_chunk_cumsum": kernel_class("ssd_chunk_cumsum")(64, "bf16"),
                "ssd_fwd": kernel_class("ssd_fwd")(64, 128, "bf16", "fp32"),
                "ssd_fwd_paired": kernel_class("ssd_fwd_paired")(64, 128, "bf16", "fp32"),
+               "ssd_fwd_inline": kernel_class("ssd_fwd_inline")(64, 128, "bf16", "fp32"),
                "ssd_fwd_pass": kernel_class("ssd_fwd_pass")(64, 128, "bf16", "fp32"),
                "ssd_fwd_states": kernel_class("ssd_fwd_states")(64, 128, "bf16", "fp32"),
                "conv1d_verify": kernel_class("conv1d_verify")("compact", "bf16", "fp32"),
@@ -157,7 +158,8 @@ def test_plans_name_the_kernels_parameters_in_order():
     assert composites == {"ssd_bwd", "ssd_fwd"} and set(kernels) == set(PLANS) - {"ssd_bwd"}
     for family, kernel in kernels.items():
         assert tuple(p.name for p in kernel.params()) == PLANS[family].param_names, family
-        if family.startswith("ssd_bwd_") or family in ("ssd_fwd_states", "ssd_fwd_paired", "ssd_fwd_pass"):
+        if family.startswith("ssd_bwd_") or family in ("ssd_fwd_states", "ssd_fwd_paired", "ssd_fwd_inline",
+                                                       "ssd_fwd_pass"):
             continue  # a composite's step: its plan binds no caller arrays (ssd_bwd's, ssd_fwd's plan does)
         # every pointer the kernel takes is an array argument the dispatcher adapts before the plan sees it (the
         # workspace reaches the kernel through others: ssd_fwd's chunk_states and segment_flags)

@@ -7,12 +7,12 @@ from .conv1d_verify import Conv1dVerifyPlan
 from .ssd_bwd import (SsdBackwardChunkPlan, SsdBackwardPlan, SsdBackwardReducePlan, SsdBackwardStatesPlan,
                       SsdBackwardWalksPlan, SsdForwardStatesPlan)
 from .ssd_chunk_cumsum import ChunkCumsumPlan
-from .ssd_fwd import SsdForwardPairedPlan, SsdForwardPassPlan, SsdForwardPlan
+from .ssd_fwd import SsdForwardInlinePlan, SsdForwardPairedPlan, SsdForwardPassPlan, SsdForwardPlan
 from .verify import VerifyPlan
 
 PLANS: dict[str, LaunchPlan] = {plan.family: plan for plan in (
     Conv1dForwardPlan(), Conv1dVerifyPlan(), ChunkCumsumPlan(), SsdForwardPlan(), SsdForwardPassPlan(),
-    SsdForwardPairedPlan(), SsdForwardStatesPlan(), SsdBackwardPlan(), SsdBackwardStatesPlan(), SsdBackwardWalksPlan(),
-    SsdBackwardChunkPlan(), SsdBackwardReducePlan(), VerifyPlan())}
+    SsdForwardPairedPlan(), SsdForwardInlinePlan(), SsdForwardStatesPlan(), SsdBackwardPlan(),
+    SsdBackwardStatesPlan(), SsdBackwardWalksPlan(), SsdBackwardChunkPlan(), SsdBackwardReducePlan(), VerifyPlan())}
 
 __all__ = ["PLANS", "CompositePlan", "LaunchPlan"]

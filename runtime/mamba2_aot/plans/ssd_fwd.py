@@ -73,18 +73,23 @@ segment after the first in fp32, and flags that the runtime zeroes before the la
 the last one fuller. The workspace: ``workspace_size("ssd_fwd", x=x, B=B, ...)`` bytes (batch · (segments - 1) · H
 · P · N fp32, and for a handover its flags; 0 when the call is not split: pass its seq_idx, cu_seqlens,
 chunk_states and state arrays too for an exact answer, else it is the most a call with these x and B can use).
-Without a workspace, or with a smaller one, a states-only split takes as many segments as it holds, and a handover
-is not made (a workspace sized for one call serves every call). A workspace is checked like an input (device,
+With a smaller workspace a states-only split takes as many segments as it holds, and a handover is not made (a
+workspace sized for one call serves every call). Without one (nor chunk_states), a call that the states-only split
+would split and whose segments pair (:func:`_inline_plan`) runs them in one launch of ``ssd_fwd_inline``: segment s >
+0 walks the state recurrence alone from its row's start up to its own start (the states-only pass's operations), then
+its outputs; the first segments are the longer (:func:`plan_inline`). Slower than the two launches, faster than the
+unsplit call. A workspace is checked like an input (device,
 overlaps) whether or not the call uses it; calls on several streams need one each (a handover's flags shared by two
 streams' calls would be zeroed under a waiting segment: it would wait forever). The results are bitwise those of
 the unsplit call (the same operations in the same order). Calls with ``seq_idx`` or ``cu_seqlens``, and calls that
 read and write one state pool in place, are not split.
 
 Which kernel runs a launch (:func:`launch_family`): a states-only pass ``ssd_fwd_pass`` (``kernel_src/ssd_fwd_pass.py``:
-the pass with its tiles loaded three blocks ahead); else ``ssd_fwd_paired`` (``kernel_src/ssd_fwd_paired.py``: on sm_90a
+the pass with its tiles loaded three blocks ahead); a split with an inline pass ``ssd_fwd_inline``
+(``kernel_src/ssd_fwd_inline.py``); else ``ssd_fwd_paired`` (``kernel_src/ssd_fwd_paired.py``: on sm_90a
 one CTA per SM walks two heads with warp-specialized warpgroups; on sm_100a its cubin is the walk) when the launch has
 d_state <= 128, no ``seq_idx``, an even number of heads per group and its walk's CTAs (two per pair of heads) would
-not fit one per SM (:func:`paired_pays`); else ``ssd_fwd``'s walk. All three compute the same values in the same order:
+not fit one per SM (:func:`paired_pays`); else ``ssd_fwd``'s walk. All four compute the same values in the same order:
 the outputs are the same bits whichever runs for finite inputs (without D the walk adds 0 · x, the paired kernel
 nothing: an infinite x gives NaN in the walk's out only).
 """
@@ -125,7 +130,11 @@ SHARED_SM_COST = 1.28
 SMS = CTA_SLOTS // 2  # the SMs of an H100 / H200
 PAIRED_FAMILY = "ssd_fwd_paired"
 PASS_FAMILY = "ssd_fwd_pass"
+INLINE_FAMILY = "ssd_fwd_inline"
 MAX_HANDOVER_SEGMENTS = 4  # each hand-over costs a wait and a pipeline refill: a few, not many
+# An inline pass's block (ssd_fwd_inline walking the state alone before a segment's outputs) against a block with
+# outputs: its time share (measured on the H200, docs/PERF_NOTES.md, thirtieth session)
+INLINE_PASS_COST = 0.6
 # A handover must beat the unsplit walk's waves by this much: the unsplit call's part-empty last wave runs faster
 # than a full one (its CTAs share fewer SMs), so counting it as whole overstates the unsplit cost.
 HANDOVER_GAIN = 0.9
@@ -158,6 +167,29 @@ def plan_segments(batch: int, seqlen: int, nheads: int, headdim: int, d_state: i
         cost = STATES_PASS_COST * (segments - 1) * segment_len + SHARED_SM_COST * segment_len
         if cost < best_cost:
             best_cost, best = cost, (segments, segment_len)
+    return best
+
+
+def plan_inline(pairs: int, seqlen: int) -> tuple[int, int]:
+    """(segments, segment_len) of a split call run as one ssd_fwd_inline launch of ``pairs`` CTAs (two heads each) per
+    segment: segment s > 0 walks the state alone over the s · segment_len tokens before it (each such block at
+    INLINE_PASS_COST of a block with outputs), the last segment runs to L, so the first segments are longer than
+    the last. Candidates: the segment counts whose CTAs fit one per SM and pair (:func:`paired_pays`); their
+    segment_len equalises the first segments' time, (1 + c·(segments - 2)) · segment_len, with the last's, c ·
+    (segments - 1) · segment_len + L - (segments - 1) · segment_len (c = INLINE_PASS_COST). (1, seqlen) when none
+    leaves every segment at least MIN_SEGMENT tokens."""
+    c = INLINE_PASS_COST
+    best_cost, best = float(seqlen), (1, seqlen)
+    for candidate in range(2, SMS // max(pairs, 1) + 1):
+        if not paired_pays(pairs * candidate):
+            continue
+        segment_len = math.ceil(seqlen / (BLOCK * (candidate - c))) * BLOCK
+        if seqlen - (candidate - 1) * segment_len < MIN_SEGMENT:
+            continue
+        cost = max((1 + c * (candidate - 2)) * segment_len,
+                   c * (candidate - 1) * segment_len + seqlen - (candidate - 1) * segment_len)
+        if cost < best_cost:
+            best_cost, best = cost, (candidate, segment_len)
     return best
 
 
@@ -203,7 +235,7 @@ FORWARD_WALK_PARAMS = (
 
 class SsdForwardPlan(CompositePlan):
     family = "ssd_fwd"
-    step_families = ("ssd_fwd", PASS_FAMILY, PAIRED_FAMILY)
+    step_families = ("ssd_fwd", PASS_FAMILY, PAIRED_FAMILY, INLINE_FAMILY)
     grid_rule = "headdim/64,heads,sequences"
     param_names = FORWARD_WALK_PARAMS + ("segment_flags", "has_segment_flags")
     arrays = ("x", "dt", "A", "B", "C", "out", "D", "z", "dt_bias", "chunk_states", "seq_idx",
@@ -263,7 +295,8 @@ class SsdForwardPlan(CompositePlan):
             if arr is not None:
                 expect_vector_operand(arr)
         params.update(batch=batch, seqlen=seqlen, nheads=nheads, nchunks=-(-seqlen // chunk_size), segments=1,
-                      segment_len=seqlen, states_only=0, segment_flags=0, has_segment_flags=0)
+                      segment_len=seqlen, states_only=0, segment_flags=0, has_segment_flags=0,
+                      inline_pass=0)  # (not a kernel parameter: the launches with an inline pass go to ssd_fwd_inline)
         outputs = [out]
 
         # sequences: where they come from, how many there are, and how many CTAs walk them (grid z)
@@ -397,6 +430,11 @@ def split_call(call: BoundCall, workspace: DeviceArray | None) -> list[BoundCall
         capacity = 0 if workspace is None else workspace.shape[0] * 4
         align, most = BLOCK, 1 + capacity // _entering_state_bytes(batch, nheads, headdim, d_state)
     segments, segment_len = plan_segments(batch, seqlen, nheads, headdim, d_state, align, most)
+    if most == 1:  # no room for an entering state: the segments in one launch with an inline pass, if they pair
+        inline_segments, inline_len = _inline_plan(batch, seqlen, nheads, headdim, d_state, p["heads_per_group"])
+        if inline_segments > 1:
+            inline = dict(p, segments=inline_segments, segment_len=inline_len, inline_pass=1)
+            return [unsplit[0]._replace(grid=_segments_grid(call.grid, inline_segments), params=inline)]
     if segments < 2:
         return unsplit
     if own_chunks:  # already the kernel's chunk_states, with the call's chunk size
@@ -415,6 +453,22 @@ def split_call(call: BoundCall, workspace: DeviceArray | None) -> list[BoundCall
     return [first, second]
 
 
+def _inline_plan(batch: int, seqlen: int, nheads: int, headdim: int, d_state: int,
+                 heads_per_group: int) -> tuple[int, int]:
+    """(segments, segment_len) of a call (no packed sequences, no chunk_states) that the states-only split would
+    split, run instead as one ssd_fwd_inline launch (:func:`plan_inline`); (1, seqlen) when it is not split or its
+    segments' launch would not pair."""
+    if not _pairable(d_state, heads_per_group) or plan_segments(batch, seqlen, nheads, headdim, d_state)[0] < 2:
+        return 1, seqlen
+    return plan_inline(_ctas(batch, nheads, headdim) // 2, seqlen)
+
+
+def _pairable(d_state: int, heads_per_group: int) -> bool:
+    """ssd_fwd_paired's kernel can run a launch (without seq_idx) of this d_state and heads per group: an even number
+    of heads per group makes H even, and a CTA's two heads share B and C."""
+    return d_state <= 128 and heads_per_group % 2 == 0
+
+
 def paired_pays(pairs: int) -> bool:
     """Whether ssd_fwd_paired's ``pairs`` CTAs (two heads each) beat the walk's 2 · ``pairs``: when those do not fit
     one per SM (above)."""
@@ -423,19 +477,29 @@ def paired_pays(pairs: int) -> bool:
 
 def launch_family(launch: BoundCall) -> str:
     """The family whose kernel runs ``launch`` (one launch of an ssd_fwd call): ssd_fwd_pass for a states-only pass,
-    ssd_fwd_paired when it can run the launch and :func:`paired_pays` for its CTAs (module docstring), else ssd_fwd."""
+    ssd_fwd_inline for a split with an inline pass, ssd_fwd_paired when it can run the launch and :func:`paired_pays`
+    for its CTAs (module docstring), else ssd_fwd."""
     p = launch.params
     if p["states_only"]:
         return PASS_FAMILY
+    if p["inline_pass"]:
+        return INLINE_FAMILY
     ptiles, heads, sources = launch.grid
-    # (an even number of heads per group makes H even: a CTA's two heads share B and C)
-    runnable = not p["has_seq_idx"] and launch.constants["d_state"] <= 128 and p["heads_per_group"] % 2 == 0
+    runnable = not p["has_seq_idx"] and _pairable(launch.constants["d_state"], p["heads_per_group"])
     return PAIRED_FAMILY if runnable and paired_pays(ptiles * (heads // 2) * sources) else "ssd_fwd"
 
 
 class SsdForwardPairedPlan(StepPlan):
     """ssd_fwd's launches that ``kernel_src/ssd_fwd_paired.py`` runs (:func:`launch_family`)."""
     family = PAIRED_FAMILY
+    step_of = "ssd_fwd"
+    grid_rule = SsdForwardPlan.grid_rule
+    param_names = SsdForwardPlan.param_names
+
+
+class SsdForwardInlinePlan(StepPlan):
+    """A split ssd_fwd call in one launch, which ``kernel_src/ssd_fwd_inline.py`` runs (:func:`launch_family`)."""
+    family = INLINE_FAMILY
     step_of = "ssd_fwd"
     grid_rule = SsdForwardPlan.grid_rule
     param_names = SsdForwardPlan.param_names
