@@ -28,7 +28,8 @@ block ahead in three slots. Hand-offs are named barriers (``ssd_tiles.role_sync`
 - Y_FREE, per head: the writers are done with the staged y (the products wait before staging the next);
 - Y_STAGED, per head: a block's y is staged (the products arrive, the writers wait);
 - TILES_FREE + k mod 3, both heads: the products are done with block k's tiles (the loaders wait before loading into
-  its slots; the writers learn it from Y_STAGED);
+  its slots; the writers learn it from Y_STAGED, and with an inline pass, whose blocks before the outputs stage no y
+  and skip Y_FREE / Y_STAGED, from TILES_FREE too);
 - WALK, per head: the head's product warpgroup alone.
 
 A barrier's instance completes when its count of arrivals is reached, whoever arrives, so no side may arrive on one
@@ -81,6 +82,12 @@ def head_barrier(w, which):
 class SsdForwardPaired(SsdForward):
     family = "ssd_fwd_paired"
     d_states = (64, 128)   # (N 256 is never paired: the plan keeps it on ssd_fwd)
+
+    @property
+    def tiles_free_count(self):
+        """TILES_FREE's participants: the products (arriving) and the loaders (waiting); with an inline pass the
+        writers wait too, as they learn from it, not from Y_STAGED, when a block of the state alone is done with x."""
+        return TILES_FREE_COUNT + (WRITERS if self.inline_pass else 0)
 
     @property
     def overwrites_accumulators(self):
@@ -267,7 +274,7 @@ class SsdForwardPaired(SsdForward):
         store_matrices(staging[1], acc_h, io_type)
         fence_operands(mma)  # (h₀ for the next block's C·h₀ᵀ)
         role_arrive(head_barrier(w, Y_STAGED), Y_COUNT)
-        role_arrive(TILES_FREE + k % BARRIER_SLOTS, TILES_FREE_COUNT)
+        role_arrive(TILES_FREE + k % BARRIER_SLOTS, self.tiles_free_count)
 
     @cute.jit
     def _block_tiles(self, storage, w, blk, k, start, end):
@@ -291,8 +298,8 @@ class SsdForwardPaired(SsdForward):
                       io_type: cutlass.Constexpr):
         """Block blk (the walk's k-th) of an inline pass: h advanced past its rows in [first, end) with ssd_fwd's
         operations in ssd_fwd_pass's order (the state is bitwise the pass's, so the outputs after it are the unsplit
-        call's), and staged as the next block's h₀; no y, but the barriers of a block with outputs (the writers store
-        nothing of it)."""
+        call's), and staged as the next block's h₀; no y, so neither Y_FREE nor Y_STAGED (the writers skip them
+        too)."""
         sB, _, sX, sDelta, sCs, sXw, _, s0, s1 = self._block_tiles(storage, w, blk, k, first, end)
         base, cs_end = self._run_cumsums(sCs, s0, s1)
         self._weigh_rows(sX, sXw, sDelta, sCs, s0, s1, cs_end, tid, io_type)
@@ -300,11 +307,9 @@ class SsdForwardPaired(SsdForward):
         self._walk_sync(walk_barrier)  # the weighted x is complete
         self._advance_state(mma, acc_h, sXw, sB, base, cs_end)
         self._walk_sync(walk_barrier)  # every warp done reading the weighted x
-        role_sync(head_barrier(w, Y_FREE), Y_COUNT)
         store_matrices(staging[1], acc_h, io_type)
         fence_operands(mma)  # (h₀ for the next block's C·h₀ᵀ)
-        role_arrive(head_barrier(w, Y_STAGED), Y_COUNT)
-        role_arrive(TILES_FREE + k % BARRIER_SLOTS, TILES_FREE_COUNT)
+        role_arrive(TILES_FREE + k % BARRIER_SLOTS, self.tiles_free_count)
 
     @cute.jit
     def _add_skip(self, mma, acc_y, sX, sD, w):
@@ -366,7 +371,7 @@ class SsdForwardPaired(SsdForward):
         for blk in range(blk_first, blk_end):
             dt0, dt1 = self._loader_block(scan, sources, blk, blk - blk_first, blk_end, dt0, dt1, t, L)
         if blk_first < blk_end:
-            role_sync(TILES_FREE + (blk_end - 1 - blk_first) % BARRIER_SLOTS, TILES_FREE_COUNT)
+            role_sync(TILES_FREE + (blk_end - 1 - blk_first) % BARRIER_SLOTS, self.tiles_free_count)
 
     @cute.jit
     def _loader_block(self, scan, sources, blk, k, blk_end, dt0, dt1, t, L):
@@ -379,7 +384,7 @@ class SsdForwardPaired(SsdForward):
             # the loads first, the scan while they land: an inline pass's blocks are short, and the walk's order
             # (scan, then loads, then their wait) put both on each of them
             if k > 0:
-                role_sync(TILES_FREE + (k - 1) % BARRIER_SLOTS, TILES_FREE_COUNT)
+                role_sync(TILES_FREE + (k - 1) % BARRIER_SLOTS, self.tiles_free_count)
             self._load_BC(storage, sources, blk + ahead, blk_end, k + ahead, t, L)
             self._scan_into(scan, dt0, dt1, blk + 1, k + 1)
             dt0, dt1 = self._raw_dt(dt, row, h, blk + 2, lane, L)
@@ -392,7 +397,7 @@ class SsdForwardPaired(SsdForward):
                 if blk + 1 < blk_end:
                     self._publish(0, k + 1)
             if k > 0:
-                role_sync(TILES_FREE + (k - 1) % BARRIER_SLOTS, TILES_FREE_COUNT)
+                role_sync(TILES_FREE + (k - 1) % BARRIER_SLOTS, self.tiles_free_count)
             self._load_BC(storage, sources, blk + ahead, blk_end, k + ahead, t, L)
             if cutlass.const_expr(ahead == 1):
                 if blk + 1 < blk_end:
@@ -480,21 +485,35 @@ class SsdForwardPaired(SsdForward):
             for w in cutlass.range_constexpr(HEADS):
                 role_sync(head_barrier(w, Y_STAGED), Y_COUNT)
                 self._store_outputs(outputs, w, blk_end - 1)
+            if cutlass.const_expr(self.inline_pass):  # (the writers take part in TILES_FREE: its last instance too)
+                role_sync(TILES_FREE + (blk_end - 1 - blk_first) % BARRIER_SLOTS, self.tiles_free_count)
 
     @cute.jit
     def _writer_block(self, outputs, sources, blk, k, blk_end, L):
         """While the products run block blk: block blk + 1's x and z published (loaded two ahead), block blk - 1's
         outputs, then the loads of block blk + ring - 1 into block blk - 1's slots (published here, one ahead)."""
-        a, storage, _, _, _, ptile, _, _, t = outputs
+        a, storage, _, _, _, ptile, start, _, t = outputs
         ahead = self.ring - 1
         if cutlass.const_expr(ahead == 2):
             if blk + 1 < blk_end:
                 self._publish(0, k + 1)
-        for w in cutlass.range_constexpr(HEADS):
+        if cutlass.const_expr(self.inline_pass):
+            # an inline pass's blocks (before start) stage no y: no Y_STAGED, Y_FREE or outputs; the x and z slots of
+            # block blk - 1 are free once TILES_FREE says so
+            for w in cutlass.range_constexpr(HEADS):
+                if (k > 0) & (blk * TILE > start):
+                    role_sync(head_barrier(w, Y_STAGED), Y_COUNT)
+                    self._store_outputs(outputs, w, blk - 1)
+                if blk * TILE + TILE > start:
+                    role_arrive(head_barrier(w, Y_FREE), Y_COUNT)
             if k > 0:
-                role_sync(head_barrier(w, Y_STAGED), Y_COUNT)
-                self._store_outputs(outputs, w, blk - 1)
-            role_arrive(head_barrier(w, Y_FREE), Y_COUNT)
+                role_sync(TILES_FREE + (k - 1) % BARRIER_SLOTS, self.tiles_free_count)
+        else:
+            for w in cutlass.range_constexpr(HEADS):
+                if k > 0:
+                    role_sync(head_barrier(w, Y_STAGED), Y_COUNT)
+                    self._store_outputs(outputs, w, blk - 1)
+                role_arrive(head_barrier(w, Y_FREE), Y_COUNT)
         self._load_xz(a, storage, sources, ptile, blk + ahead, blk_end, k + ahead, t, L)
         if cutlass.const_expr(ahead == 1):
             if blk + 1 < blk_end:

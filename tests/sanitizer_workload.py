@@ -45,8 +45,8 @@ for Q in (64, 256):
     runtime.launch("ssd_chunk_cumsum", dt=dt, A=-torch.rand(H, device=dev), chunk_size=Q, dt_softplus=True,
                    dt_out=torch.empty(2, H, nchunks, Q, device=dev), dA_cumsum=torch.empty(2, H, nchunks, Q, device=dev))
 # ssd_fwd: a partial last block, packed sequences starting inside blocks (both forms) with pools in place, chunk
-# states, a split along L (few CTAs, a long row: a states-only pass, then the segments, entering states in the
-# workspace; without a workspace, an inline pass), a handover (more CTAs than the GPU runs at once: segments handing
+# states, splits along L (few CTAs, a long row: a states-only pass, then the segments, entering states in the
+# workspace; or one launch with an inline pass), a handover (more CTAs than the GPU runs at once: segments handing
 # their states over in one launch)
 L = 150
 lengths = [70, 1, 79]
@@ -69,7 +69,9 @@ def forward(N):
                            initial_state_indices=slots_used, final_state_indices=slots_used, **packing, **prefill)
     runtime.launch("ssd_fwd", out=torch.empty_like(xs), final_states=torch.empty(1, H, P, N, device=dev),
                    chunk_states=torch.empty(1, 3, H, P, N, device=dev), **prefill)
-    for heads, length in ((2, 1100), (270, 512)):  # the split, the handover
+    # splits along L (a states-only pass of 960 tokens: one launch with an inline pass where the heads pair, else two
+    # launches; of 2880: two launches; and the first without a workspace too), the handover
+    for heads, length in ((2, 1100), (2, 3000), (270, 512)):
         call = dict(x=torch.randn(1, length, heads, P, device=dev).bfloat16(),
                     dt=torch.randn(1, length, heads, device=dev).bfloat16(), A=-torch.rand(heads, device=dev),
                     B=torch.randn(1, length, 1, N, device=dev).bfloat16(),
@@ -77,10 +79,9 @@ def forward(N):
                     z=torch.randn(1, length, heads, P, device=dev).bfloat16(),
                     initial_states=torch.randn(1, heads, P, N, device=dev), dt_softplus=True, chunk_size=256)
         size = runtime.workspace_size("ssd_fwd", x=call["x"], B=call["B"])
-        assert size > 0
         runtime.launch("ssd_fwd", out=torch.empty_like(call["x"]), final_states=torch.empty(1, heads, P, N, device=dev),
-                       workspace=torch.empty(size // 4, device=dev), **call)
-        if heads == 2:  # the split without a workspace: in one launch, an inline pass (when it pairs), else unsplit
+                       workspace=torch.empty(size // 4, device=dev) if size else None, **call)
+        if length == 1100:
             runtime.launch("ssd_fwd", out=torch.empty_like(call["x"]),
                            final_states=torch.empty(1, heads, P, N, device=dev), **call)
 

@@ -136,7 +136,8 @@ def families(**args):
 
 
 def test_a_call_with_few_ctas_is_split_into_a_states_pass_and_segments():
-    args = long_args(heads=128)  # 128 CTAs: two segments fill the 264 slots
+    # 128 CTAs: two segments fill the 264 slots; a pass of 4096 tokens, too long for an inline pass with a workspace
+    args = long_args(heads=128, seqlen=8192)
     first, second = steps(**args)
     ws = args["workspace"].__cuda_array_interface__["data"][0]
     per_segment = 128 * P * N  # fp32 elements of the entering states per segment: batch x heads x P x N
@@ -145,7 +146,7 @@ def test_a_call_with_few_ctas_is_split_into_a_states_pass_and_segments():
     assert first.grid == (1, 128, 1)
     assert {k: first.params[k] for k in ("states_only", "segments", "seqlen", "chunk_size", "nchunks",
                                          "has_chunk_states", "chunk_states", "has_final_states")} == {
-        "states_only": 1, "segments": 1, "seqlen": 2048, "chunk_size": 2048, "nchunks": 1, "has_chunk_states": 1,
+        "states_only": 1, "segments": 1, "seqlen": 4096, "chunk_size": 4096, "nchunks": 1, "has_chunk_states": 1,
         "chunk_states": ws, "has_final_states": 0}
     assert [a.name for a in first.outputs] == ["workspace"] and first.outputs[0].shape == (1, 1, 128, P, N)
     assert first.params["stride_chunk_states_chunk"] == per_segment
@@ -153,8 +154,8 @@ def test_a_call_with_few_ctas_is_split_into_a_states_pass_and_segments():
     assert second.grid == (1, 128, 2)
     assert {k: second.params[k] for k in ("states_only", "segments", "segment_len", "seqlen", "has_chunk_states",
                                           "chunk_states", "chunk_size", "has_final_states")} == {
-        "states_only": 0, "segments": 2, "segment_len": 2048, "seqlen": 4096, "has_chunk_states": 0,
-        "chunk_states": ws, "chunk_size": 2048, "has_final_states": 1}
+        "states_only": 0, "segments": 2, "segment_len": 4096, "seqlen": 8192, "has_chunk_states": 0,
+        "chunk_states": ws, "chunk_size": 4096, "has_final_states": 1}
     assert [a.name for a in second.outputs] == ["out", "final_states"] and second.inputs[-1].name == "workspace"
 
 
@@ -272,12 +273,12 @@ def test_a_zeroed_array_must_be_contiguous_32_bit_words(fake_runtime, monkeypatc
 
 
 def test_workspace_size_is_zero_for_calls_that_are_never_split():
-    args = long_args(heads=128)
+    args = long_args(heads=128, seqlen=8192)
     assert runtime.workspace_size("ssd_fwd", x=args["x"], B=args["B"]) > 0
     pool = fake_array(1 << 42, (8, 128, P, N), "fp32")
-    for extra in ({"seq_idx": fake_array(1 << 42, (1, 4096), "int32")},
+    for extra in ({"seq_idx": fake_array(1 << 42, (1, 8192), "int32")},
                   {"cu_seqlens": fake_array(1 << 42, (3,), "int32")},
-                  {"chunk_states": fake_array(1 << 41, (1, 16, 128, P, N), "fp32")},
+                  {"chunk_states": fake_array(1 << 41, (1, 32, 128, P, N), "fp32")},
                   {"initial_states": pool, "final_states": pool}):
         assert runtime.workspace_size("ssd_fwd", x=args["x"], B=args["B"], **extra) == 0, extra
 
@@ -352,12 +353,16 @@ def test_launches_go_to_the_paired_kernel_by_their_pairs():
 
 
 def test_a_states_only_splits_pass_runs_on_its_own_kernel_and_its_segments_pair():
-    """B2 L2048 H64, the first reference shape: the states-only pass (64 heads x 2 rows) runs on ssd_fwd_pass, its 2
-    segments (128 pairs) on the paired kernel. The pass goes to ssd_fwd_pass whatever its pairs, and nothing else does
-    (test_launches_the_paired_kernel_cannot_run_stay_on_the_walk)."""
-    first, second = steps(**long_args(batch=2, heads=64, seqlen=2048))
+    """B1 L8192 H128 (as the Nemotron-H-like reference shape): the states-only pass (128 heads) runs on ssd_fwd_pass,
+    its 2 segments (128 pairs) on the paired kernel. The pass goes to ssd_fwd_pass whatever its pairs, and nothing else
+    does (test_launches_the_paired_kernel_cannot_run_stay_on_the_walk). B2 L2048 H64, whose pass would walk 1024
+    tokens, runs in one ssd_fwd_inline launch instead, workspace or not."""
+    first, second = steps(**long_args(heads=128, seqlen=8192))
     assert first.params["states_only"] == 1 and second.params["segments"] == 2
-    assert families(**long_args(batch=2, heads=64, seqlen=2048)) == ["ssd_fwd_pass", "ssd_fwd_paired"]
+    assert families(**long_args(heads=128, seqlen=8192)) == ["ssd_fwd_pass", "ssd_fwd_paired"]
+    b2 = long_args(batch=2, heads=64, seqlen=2048)
+    assert families(**b2) == ["ssd_fwd_inline"]
+    assert runtime.workspace_size("ssd_fwd", x=b2["x"], B=b2["B"]) == 0
 
 
 def test_a_call_without_a_workspace_is_split_in_one_launch_with_an_inline_pass():
@@ -367,7 +372,7 @@ def test_a_call_without_a_workspace_is_split_in_one_launch_with_an_inline_pass()
     from mamba2_aot.plans.ssd_fwd import INLINE_PASS_COST, plan_inline
     args = long_args(batch=2, heads=64, seqlen=2048, workspace=None)
     ((family, call),) = launches(**args)
-    segments, segment_len = plan_inline(64, 2048)
+    segments, segment_len = plan_inline(64, 2048, N)
     assert family == "ssd_fwd_inline" and call.grid == (2, 64, 2) and segments == 2
     assert {k: call.params[k] for k in ("inline_pass", "segments", "segment_len", "seqlen", "has_chunk_states",
                                         "states_only", "has_final_states")} == {
@@ -375,29 +380,31 @@ def test_a_call_without_a_workspace_is_split_in_one_launch_with_an_inline_pass()
         "states_only": 0, "has_final_states": 1}
     assert segment_len % 64 == 0 and 1024 < segment_len <= 2048 - 256
     # the first segment's time (its tokens) against the second's (the inline pass, then its own tokens)
-    assert abs(segment_len - (INLINE_PASS_COST * segment_len + 2048 - segment_len)) <= 64
+    assert abs(segment_len - (INLINE_PASS_COST[N] * segment_len + 2048 - segment_len)) <= 64
 
 
+@pytest.mark.parametrize("d_state", [64, 128])
 @pytest.mark.parametrize("pairs,seqlen", [(64, 2048), (64, 8192), (16, 4096), (32, 8192), (48, 1024), (66, 600)])
-def test_inline_segments_pair_fit_one_wave_and_beat_the_unsplit_row(pairs, seqlen):
+def test_inline_segments_pair_fit_one_wave_and_beat_the_unsplit_row(pairs, seqlen, d_state):
     from mamba2_aot.plans.ssd_fwd import INLINE_PASS_COST, MIN_SEGMENT, SMS, paired_pays, plan_inline
-    segments, segment_len = plan_inline(pairs, seqlen)
+    segments, segment_len = plan_inline(pairs, seqlen, d_state)
+    c = INLINE_PASS_COST[d_state]
     if segments == 1:  # only when two segments (one wave at 66 pairs) would leave the last too short
-        assert pairs == 66 and seqlen - math.ceil(seqlen / (64 * (2 - INLINE_PASS_COST))) * 64 < MIN_SEGMENT
+        assert pairs == 66 and seqlen - math.ceil(seqlen / (64 * (2 - c))) * 64 < MIN_SEGMENT
         return
     last = seqlen - (segments - 1) * segment_len
     assert paired_pays(pairs * segments) and pairs * segments <= SMS
     assert segment_len % 64 == 0 and MIN_SEGMENT <= last <= segment_len
-    longest = max((1 + INLINE_PASS_COST * (segments - 2)) * segment_len,
-                  INLINE_PASS_COST * (segments - 1) * segment_len + last)
+    longest = max((1 + c * (segments - 2)) * segment_len, c * (segments - 1) * segment_len + last)
     assert longest < seqlen
 
 
 @pytest.mark.parametrize("change", ["chunk_states", "d_state_256", "odd_heads_per_group", "workspace"])
 def test_calls_that_get_no_inline_pass(change):
-    """An inline pass only for a call the states-only split would split but whose workspace holds no entering state,
-    and whose segments pair: not with chunk_states (they hold the entering states: two launches), N 256 or an odd
-    number of heads per group (the walk: unsplit), nor with a workspace (two launches)."""
+    """An inline pass only for a call the states-only split would split whose segments pair, without a workspace or
+    with a pass of at most INLINE_PASS_MAX tokens: not with chunk_states (they hold the entering states: two
+    launches), N 256 or an odd number of heads per group (the walk: unsplit), nor with a workspace and a long pass
+    (two launches)."""
     args = long_args(batch=2, heads=64, seqlen=2048, workspace=None)
     if change == "chunk_states":
         args["chunk_states"] = fake_array(1 << 41, (2, 8, 64, P, N), "fp32")
@@ -407,8 +414,8 @@ def test_calls_that_get_no_inline_pass(change):
         args.update(long_args(batch=2, heads=48, seqlen=2048, workspace=None))
         args["B"] = fake_array(1 << 44, (2, 2048, 16, N), "fp16")
         args["C"] = fake_array(1 << 45, (2, 2048, 16, N), "fp16")
-    if change == "workspace":
-        args["workspace"] = fake_array(1 << 40, (1 << 26,), "fp32")
+    if change == "workspace":  # (B1 L8192 H128: a pass of 4096 tokens)
+        args = long_args(heads=128, seqlen=8192)
     calls = steps(**args)
     assert all(call.params["inline_pass"] == 0 for call in calls)
     assert len(calls) == (2 if change in ("chunk_states", "workspace") else 1)
@@ -420,7 +427,7 @@ def test_launches_the_paired_kernel_cannot_run_stay_on_the_walk(change, monkeypa
     if change == "states_only":  # every launch has pairs enough: the split's segments pair, its pass runs on its own
         from mamba2_aot.plans import ssd_fwd
         monkeypatch.setattr(ssd_fwd, "paired_pays", lambda pairs: True)
-        assert families(**long_args(batch=2, heads=64, seqlen=2048)) == ["ssd_fwd_pass", "ssd_fwd_paired"]
+        assert families(**long_args(heads=128, seqlen=8192)) == ["ssd_fwd_pass", "ssd_fwd_paired"]
         return
     if change == "odd_heads_per_group":
         groups = 200  # 3 heads per group: a CTA's two heads would read different B and C

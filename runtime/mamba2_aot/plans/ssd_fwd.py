@@ -74,13 +74,14 @@ the last one fuller. The workspace: ``workspace_size("ssd_fwd", x=x, B=B, ...)``
 · P · N fp32, and for a handover its flags; 0 when the call is not split: pass its seq_idx, cu_seqlens,
 chunk_states and state arrays too for an exact answer, else it is the most a call with these x and B can use).
 With a smaller workspace a states-only split takes as many segments as it holds, and a handover is not made (a
-workspace sized for one call serves every call). Without one (nor chunk_states), a call that the states-only split
-would split and whose segments pair (:func:`_inline_plan`) runs them in one launch of ``ssd_fwd_inline``: segment s >
-0 walks the state recurrence alone from its row's start up to its own start (the states-only pass's operations), then
-its outputs; the first segments are the longer (:func:`plan_inline`). Slower than the two launches, faster than the
-unsplit call. A workspace is checked like an input (device,
-overlaps) whether or not the call uses it; calls on several streams need one each (a handover's flags shared by two
-streams' calls would be zeroed under a waiting segment: it would wait forever). The results are bitwise those of
+workspace sized for one call serves every call). A call (without chunk_states) that the states-only split would split
+and whose segments pair runs them instead in one launch of ``ssd_fwd_inline`` when it has no workspace room for an
+entering state, or when the states-only pass would walk at most INLINE_PASS_MAX tokens (:func:`_inline_plan`):
+segment s > 0 walks the state recurrence alone from its row's start up to its own start (the states-only pass's
+operations), then its outputs; the first segments are the longer (:func:`plan_inline`). Then it needs no workspace.
+A workspace is checked like an input (device, overlaps) whether or not the call uses it; calls on several streams
+need one each (a handover's flags shared by two streams' calls would be zeroed under a waiting segment: it would
+wait forever). The results are bitwise those of
 the unsplit call (the same operations in the same order). Calls with ``seq_idx`` or ``cu_seqlens``, and calls that
 read and write one state pool in place, are not split.
 
@@ -133,8 +134,12 @@ PASS_FAMILY = "ssd_fwd_pass"
 INLINE_FAMILY = "ssd_fwd_inline"
 MAX_HANDOVER_SEGMENTS = 4  # each hand-over costs a wait and a pipeline refill: a few, not many
 # An inline pass's block (ssd_fwd_inline walking the state alone before a segment's outputs) against a block with
-# outputs: its time share (measured on the H200, docs/PERF_NOTES.md, thirtieth session)
-INLINE_PASS_COST = 0.6
+# outputs: its time share, by d_state (measured on the H200, docs/PERF_NOTES.md, thirtieth session)
+INLINE_PASS_COST = {64: 0.6, 128: 0.4}
+# With a workspace, a split whose states-only pass walks more tokens than this runs in two launches (ssd_fwd_pass, then
+# the segments): a long pass amortises its launch and its ring's fill, and its blocks cost less than an inline pass's
+# (measured on the H200: B2 L2048, a pass of 1024 tokens, 7-9 % faster inline; L8192, 4096 tokens, 3 % slower)
+INLINE_PASS_MAX = 2048
 # A handover must beat the unsplit walk's waves by this much: the unsplit call's part-empty last wave runs faster
 # than a full one (its CTAs share fewer SMs), so counting it as whole overstates the unsplit cost.
 HANDOVER_GAIN = 0.9
@@ -170,15 +175,15 @@ def plan_segments(batch: int, seqlen: int, nheads: int, headdim: int, d_state: i
     return best
 
 
-def plan_inline(pairs: int, seqlen: int) -> tuple[int, int]:
+def plan_inline(pairs: int, seqlen: int, d_state: int) -> tuple[int, int]:
     """(segments, segment_len) of a split call run as one ssd_fwd_inline launch of ``pairs`` CTAs (two heads each) per
     segment: segment s > 0 walks the state alone over the s · segment_len tokens before it (each such block at
-    INLINE_PASS_COST of a block with outputs), the last segment runs to L, so the first segments are longer than
-    the last. Candidates: the segment counts whose CTAs fit one per SM and pair (:func:`paired_pays`); their
+    INLINE_PASS_COST[d_state] of a block with outputs), the last segment runs to L, so the first segments are longer
+    than the last. Candidates: the segment counts whose CTAs fit one per SM and pair (:func:`paired_pays`); their
     segment_len equalises the first segments' time, (1 + c·(segments - 2)) · segment_len, with the last's, c ·
-    (segments - 1) · segment_len + L - (segments - 1) · segment_len (c = INLINE_PASS_COST). (1, seqlen) when none
-    leaves every segment at least MIN_SEGMENT tokens."""
-    c = INLINE_PASS_COST
+    (segments - 1) · segment_len + L - (segments - 1) · segment_len (c = INLINE_PASS_COST[d_state]). (1, seqlen) when
+    none leaves every segment at least MIN_SEGMENT tokens."""
+    c = INLINE_PASS_COST[d_state]
     best_cost, best = float(seqlen), (1, seqlen)
     for candidate in range(2, SMS // max(pairs, 1) + 1):
         if not paired_pays(pairs * candidate):
@@ -257,6 +262,8 @@ class SsdForwardPlan(CompositePlan):
         segments, _ = plan_handover(batch, seqlen, nheads, headdim, B.shape[3])
         if segments > 1:
             return sum(_handover_bytes(batch, segments, nheads, headdim, B.shape[3]))
+        if _inline_plan(batch, seqlen, nheads, headdim, B.shape[3], nheads // B.shape[2], room=True)[0] > 1:
+            return 0  # (split in one launch: ssd_fwd_inline)
         segments, _ = plan_segments(batch, seqlen, nheads, headdim, B.shape[3])
         return (segments - 1) * _entering_state_bytes(batch, nheads, headdim, B.shape[3])
 
@@ -429,12 +436,13 @@ def split_call(call: BoundCall, workspace: DeviceArray | None) -> list[BoundCall
     else:
         capacity = 0 if workspace is None else workspace.shape[0] * 4
         align, most = BLOCK, 1 + capacity // _entering_state_bytes(batch, nheads, headdim, d_state)
-    segments, segment_len = plan_segments(batch, seqlen, nheads, headdim, d_state, align, most)
-    if most == 1:  # no room for an entering state: the segments in one launch with an inline pass, if they pair
-        inline_segments, inline_len = _inline_plan(batch, seqlen, nheads, headdim, d_state, p["heads_per_group"])
+    if not own_chunks:  # the segments in one launch with an inline pass, where they pair and that pays
+        room = most > 1
+        inline_segments, inline_len = _inline_plan(batch, seqlen, nheads, headdim, d_state, p["heads_per_group"], room)
         if inline_segments > 1:
             inline = dict(p, segments=inline_segments, segment_len=inline_len, inline_pass=1)
             return [unsplit[0]._replace(grid=_segments_grid(call.grid, inline_segments), params=inline)]
+    segments, segment_len = plan_segments(batch, seqlen, nheads, headdim, d_state, align, most)
     if segments < 2:
         return unsplit
     if own_chunks:  # already the kernel's chunk_states, with the call's chunk size
@@ -453,14 +461,18 @@ def split_call(call: BoundCall, workspace: DeviceArray | None) -> list[BoundCall
     return [first, second]
 
 
-def _inline_plan(batch: int, seqlen: int, nheads: int, headdim: int, d_state: int,
-                 heads_per_group: int) -> tuple[int, int]:
+def _inline_plan(batch: int, seqlen: int, nheads: int, headdim: int, d_state: int, heads_per_group: int,
+                 room: bool) -> tuple[int, int]:
     """(segments, segment_len) of a call (no packed sequences, no chunk_states) that the states-only split would
-    split, run instead as one ssd_fwd_inline launch (:func:`plan_inline`); (1, seqlen) when it is not split or its
-    segments' launch would not pair."""
-    if not _pairable(d_state, heads_per_group) or plan_segments(batch, seqlen, nheads, headdim, d_state)[0] < 2:
+    split, run instead as one ssd_fwd_inline launch (:func:`plan_inline`): when its segments pair, and either its
+    workspace has no ``room`` for an entering state or the states-only pass would walk at most INLINE_PASS_MAX
+    tokens; else (1, seqlen)."""
+    segments, segment_len = plan_segments(batch, seqlen, nheads, headdim, d_state)
+    if not _pairable(d_state, heads_per_group) or segments < 2:
         return 1, seqlen
-    return plan_inline(_ctas(batch, nheads, headdim) // 2, seqlen)
+    if room and (segments - 1) * segment_len > INLINE_PASS_MAX:
+        return 1, seqlen
+    return plan_inline(_ctas(batch, nheads, headdim) // 2, seqlen, d_state)
 
 
 def _pairable(d_state: int, heads_per_group: int) -> bool:
