@@ -14,8 +14,8 @@ be short (its launch and its ring's fill then cost more than these blocks).
 
 The parameters and the grid are ssd_fwd's; the math and the CTA are ssd_fwd_paired's (``kernel_src/ssd_fwd_paired.py``),
 which is this class with ``inline_pass`` off. On sm_100a, which has no wgmma, the cubin is ssd_fwd's walk with the same
-switch: a segment walks from its row's start with outputs, none stored before its start (correct, not faster than
-the unsplit walk; unvalidated there).
+switch: a segment walks from its row's start with outputs, none stored before its start (correct, but no faster than
+the unsplit walk, where the two launches were faster for short passes: estimated, unvalidated there).
 """
 from kernel_src.ssd_fwd_paired import SsdForwardPaired
 

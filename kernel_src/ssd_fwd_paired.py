@@ -36,7 +36,10 @@ A barrier's instance completes when its count of arrivals is reached, whoever ar
 barrier twice before the other side has passed the first instance: each barrier above is arrived on only after a wait
 that proves it (the loaders publish block k + 1 after waiting for TILES_FREE of block k - 2, which the products
 arrive on after taking TR of block k - 2: hence three TR barriers; the products may run two blocks ahead of the
-loaders' TILES_FREE waits: hence three of those too; Y_FREE and Y_STAGED alternate by construction).
+loaders' TILES_FREE waits: hence three of those too; Y_FREE and Y_STAGED alternate by construction). With an inline
+pass the writers wait on TILES_FREE too, as the loaders do (block k + 1 published after their wait for TILES_FREE of
+block k - 1), and Y_FREE / Y_STAGED only in blocks with outputs, which alternate as before; the plan never sends a
+walk without such a block (the writers' last Y_STAGED wait would never return).
 
 On sm_100a, which has no wgmma, the cubin is ssd_fwd's walk, so that the runtime's choice between the two families
 never depends on the device (N 256 is never paired: the plan keeps it on ssd_fwd, and no such variant is built).

@@ -70,7 +70,7 @@ def forward(N):
     runtime.launch("ssd_fwd", out=torch.empty_like(xs), final_states=torch.empty(1, H, P, N, device=dev),
                    chunk_states=torch.empty(1, 3, H, P, N, device=dev), **prefill)
     # splits along L (a states-only pass of 960 tokens: one launch with an inline pass where the heads pair, else two
-    # launches; of 2880: two launches; and the first without a workspace too), the handover
+    # launches, and without a workspace unsplit; of 2880: two launches), the handover
     for heads, length in ((2, 1100), (2, 3000), (270, 512)):
         call = dict(x=torch.randn(1, length, heads, P, device=dev).bfloat16(),
                     dt=torch.randn(1, length, heads, device=dev).bfloat16(), A=-torch.rand(heads, device=dev),

@@ -71,7 +71,8 @@ When it gives more CTAs than the GPU runs at once and the last wave would run pa
 segment waits for the one before it to hand its end state over (through the workspace: the state entering every
 segment after the first in fp32, and flags that the runtime zeroes before the launch), so the waves are shorter and
 the last one fuller. The workspace: ``workspace_size("ssd_fwd", x=x, B=B, ...)`` bytes (batch · (segments - 1) · H
-· P · N fp32, and for a handover its flags; 0 when the call is not split: pass its seq_idx, cu_seqlens,
+· P · N fp32, and for a handover its flags; 0 when the call is not split, or split in one ssd_fwd_inline launch: pass
+its seq_idx, cu_seqlens,
 chunk_states and state arrays too for an exact answer, else it is the most a call with these x and B can use).
 With a smaller workspace a states-only split takes as many segments as it holds, and a handover is not made (a
 workspace sized for one call serves every call). A call (without chunk_states) that the states-only split would split
