@@ -240,11 +240,7 @@ class SsdForward:
         # with an inline pass the walk begins at ``first``, the row's start, its outputs at start.
         segment = source % a.segments
         source = source // a.segments + split_row
-        if cutlass.const_expr(self.inline_pass):
-            row, first, start, end = self._segment_tokens(a, source, segment)
-        else:
-            row, start, end = self._tokens(a, source, segment)
-            first = start
+        row, first, start, end = self._walk_tokens(a, source, segment)
         seq = source
         if a.has_seq_idx != 0:
             seq = Int32(0)  # sequences of a seq_idx row are numbered from 0 (the runtime allows states only at B == 1)
@@ -286,10 +282,7 @@ class SsdForward:
         blk_first, blk_end = self._blocks(first, end)
 
         acc_h = cute.make_rmem_tensor(mma.thr.partition_shape_C((P_TILE, N)), Float32)
-        from_row_start = segment == 0
-        if cutlass.const_expr(self.inline_pass):
-            from_row_start = True
-        if from_row_start:
+        if self._from_row_start(segment):
             self._begin_sequence(a, states, mma, acc_h, sH, seq, h, p0, io_type)
         else:  # the state entering the segment: the chunk state before start, as the states-only pass or the
             # segment before this one left it
@@ -351,6 +344,22 @@ class SsdForward:
         start = cute.math.max(start, segment * a.segment_len)
         end = cute.math.min(end, start + a.segment_len)
         return row, start, end
+
+    @cute.jit
+    def _walk_tokens(self, a, source, segment):
+        """(row, first, start, end): the CTA's outputs' tokens [start, end) (:meth:`_tokens`) and the token its walk
+        begins at (start; with an inline pass the row's start, :meth:`_segment_tokens`)."""
+        if cutlass.const_expr(self.inline_pass):
+            row, first, start, end = self._segment_tokens(a, source, segment)
+        else:
+            row, start, end = self._tokens(a, source, segment)
+            first = start
+        return row, first, start, end
+
+    def _from_row_start(self, segment):
+        """Whether the CTA's walk begins at its row's start, from the sequence's initial state (the first segment; every
+        segment with an inline pass), rather than at its segment's, from the state entering it."""
+        return True if self.inline_pass else segment == 0
 
     @cute.jit
     def _segment_tokens(self, a, source, segment):

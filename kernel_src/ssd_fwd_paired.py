@@ -191,17 +191,6 @@ class SsdForwardPaired(SsdForward):
     def _sD(self, storage):
         return cute.make_tensor(storage.D.data_ptr(), cute.make_layout((HEADS, P_TILE), stride=(P_TILE, 1)))
 
-    @cute.jit
-    def _walk_tokens(self, a, source, segment):
-        """(row, first, start, end): the CTA's outputs' tokens [start, end) and the token its walk begins at (its
-        row's start with an inline pass, else start)."""
-        if cutlass.const_expr(self.inline_pass):
-            row, first, start, end = self._segment_tokens(a, source, segment)
-        else:
-            row, start, end = self._tokens(a, source, segment)
-            first = start
-        return row, first, start, end
-
     # ---- the product warpgroups
 
     @cute.jit
@@ -221,10 +210,7 @@ class SsdForwardPaired(SsdForward):
         acc_h = cute.make_rmem_tensor(mma.thr.partition_shape_C((P_TILE, N)), Float32)
         staging = (matrix_store(mma, buffer(storage.y, w, P_TILE), io_type), matrix_store(mma, sH, io_type))  # y, h₀
         walk_barrier = head_barrier(w, WALK)
-        from_row_start = segment == 0
-        if cutlass.const_expr(self.inline_pass):
-            from_row_start = True
-        if from_row_start:
+        if self._from_row_start(segment):
             self._begin_sequence(a, states, mma, acc_h, sH, seq, h, p0, io_type)
         else:  # the chunk state before start, as the states-only pass or the segment before this one left it
             if a.has_segment_flags != 0:  # (ssd_fwd's _await_flag on the warpgroup's barrier)
