@@ -72,8 +72,8 @@ segment waits for the one before it to hand its end state over (through the work
 segment after the first in fp32, and flags that the runtime zeroes before the launch), so the waves are shorter and
 the last one fuller. The workspace: ``workspace_size("ssd_fwd", x=x, B=B, ...)`` bytes (batch · (segments - 1) · H
 · P · N fp32, and for a handover its flags; 0 when the call is not split, or split in one ssd_fwd_inline launch: pass
-its seq_idx, cu_seqlens,
-chunk_states and state arrays too for an exact answer, else it is the most a call with these x and B can use).
+its seq_idx, cu_seqlens, chunk_states and state arrays too for an exact answer, else it is the most a call with these
+x and B can use).
 With a smaller workspace a states-only split takes as many segments as it holds, and a handover is not made (a
 workspace sized for one call serves every call). A call (without chunk_states) that the states-only split would split
 and whose segments pair runs them instead in one launch of ``ssd_fwd_inline`` when it has no workspace room for an
@@ -82,9 +82,8 @@ segment s > 0 walks the state recurrence alone from its row's start up to its ow
 operations), then its outputs; the first segments are the longer (:func:`plan_inline`). Then it needs no workspace.
 A workspace is checked like an input (device, overlaps) whether or not the call uses it; calls on several streams
 need one each (a handover's flags shared by two streams' calls would be zeroed under a waiting segment: it would
-wait forever). The results are bitwise those of
-the unsplit call (the same operations in the same order). Calls with ``seq_idx`` or ``cu_seqlens``, and calls that
-read and write one state pool in place, are not split.
+wait forever). The results are bitwise those of the unsplit call (the same operations in the same order). Calls with
+``seq_idx`` or ``cu_seqlens``, and calls that read and write one state pool in place, are not split.
 
 Which kernel runs a launch (:func:`launch_family`): a states-only pass ``ssd_fwd_pass`` (``kernel_src/ssd_fwd_pass.py``:
 the pass with its tiles loaded three blocks ahead); a split with an inline pass ``ssd_fwd_inline``
