@@ -348,29 +348,18 @@ class SsdForward:
     @cute.jit
     def _walk_tokens(self, a, source, segment):
         """(row, first, start, end): the CTA's outputs' tokens [start, end) (:meth:`_tokens`) and the token its walk
-        begins at (start; with an inline pass the row's start, :meth:`_segment_tokens`)."""
+        begins at: start, or with an inline pass the row's start (the plan's segments before the last are longer
+        than the last, so the last, clamped at segment_len, still ends at the row's end)."""
+        row, start, end = self._tokens(a, source, segment)
+        first = start
         if cutlass.const_expr(self.inline_pass):
-            row, first, start, end = self._segment_tokens(a, source, segment)
-        else:
-            row, start, end = self._tokens(a, source, segment)
-            first = start
+            _, first, _ = source_tokens(a, source, a.seqlen)
         return row, first, start, end
 
     def _from_row_start(self, segment):
         """Whether the CTA's walk begins at its row's start, from the sequence's initial state (the first segment; every
         segment with an inline pass), rather than at its segment's, from the state entering it."""
         return True if self.inline_pass else segment == 0
-
-    @cute.jit
-    def _segment_tokens(self, a, source, segment):
-        """(row, first, start, end) of a walk with an inline pass: its outputs' tokens [start, end), as :meth:`_tokens`
-        but that the last segment runs to the row's end (the segments are not of one length), and ``first``, the
-        row's start, where the walk begins."""
-        row, first, end = source_tokens(a, source, a.seqlen)
-        start = cute.math.max(first, segment * a.segment_len)
-        if segment < a.segments - 1:
-            end = cute.math.min(end, start + a.segment_len)
-        return row, first, start, end
 
     @cute.jit
     def _blocks(self, start, end):
