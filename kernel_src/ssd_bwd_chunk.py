@@ -1076,6 +1076,12 @@ class SsdBackwardChunk:
         coords_p = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P))))
         G_rows = mn_view(mma.thr.partition_C(sm.G))
         parts = sm.part_slots
+        # dz's factors, read back long before _dz needs them (a global load's latency, else paid there); with
+        # d_state_splits they are fp32 shares, whose registers the product warps do not have that long
+        factors = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P)), t.dz.element_type)
+        if cutlass.const_expr(self.d_state_splits == 1):
+            if a.has_z != 0:
+                self._load_dz_factors(t, mma, factors, row, h, blk, rows)
         fence_operands(mma)
         self._sync()
         raw0, raw1, bias, A_next = _no_head_dt(t)
@@ -1107,7 +1113,7 @@ class SsdBackwardChunk:
         # staged in shared memory, written in 16-byte row vectors after the barrier below
         store_pairs(dX, mn_view(mma.thr.partition_C(sm.dx)), t.dx.element_type)
         if a.has_z != 0:
-            self._dz(t, sm, mma, acc_y, row, h, blk, rows)
+            self._dz(t, sm, mma, acc_y, factors, row, h, blk, rows)
 
         self._sync()
         if s < rows:
@@ -1124,23 +1130,41 @@ class SsdBackwardChunk:
         return raw0, raw1, bias, A_next
 
     @cute.jit
-    def _dz(self, t, sm, mma, acc_y, row, h, blk, rows):
-        """dz = y ⊙ (dout ⊙ silu'(z)), the factor as _gate left it in dz, with y = S·x + y0 + D ⊙ x the forward's
-        output before the gate (y0, the entering states' share, summed by the runs into acc_y)."""
+    def _load_dz_factors(self, t, mma, factors, row, h, blk, rows):
+        """The thread's entries of dz's factor dout ⊙ silu'(z), as _gate left it in dz (rows below L), into
+        ``factors`` (laid out as the product's accumulator)."""
+        P = self.columns
+        F = mn_view(factors)
+        coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P))))
+        dz_rows = mn_view(mma.thr.partition_C(cute.local_tile(t.dz[row, None, h, None], (TILE, P), (blk, 0))))
+        for r in cutlass.range_constexpr(cute.size(F, mode=[0])):
+            if coords[r, 0][0] < rows:
+                for n in cutlass.range_constexpr(cute.size(F, mode=[1]) // 2):
+                    F[r, (None, n)].store(dz_rows[r, (None, n)].load())
+
+    @cute.jit
+    def _dz(self, t, sm, mma, acc_y, factors, row, h, blk, rows):
+        """dz = y ⊙ (dout ⊙ silu'(z)), the factors as _gate left them in dz (already in ``factors`` without
+        d_state_splits: :meth:`_load_dz_factors`), with y = S·x + y0 + D ⊙ x the forward's output before the gate
+        (y0, the entering states' share, summed by the runs into acc_y)."""
         P = self.columns
         mma.gemm(acc_y, sm.S, transposed(sm.x, TILE, P), TILE // 16, b_transposed=True)
         Y = mn_view(acc_y)
+        F = mn_view(factors)
         coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P))))
         x_rows = mn_view(mma.thr.partition_C(sm.x))
         dz_rows = mn_view(mma.thr.partition_C(cute.local_tile(t.dz[row, None, h, None], (TILE, P), (blk, 0))))
         dz_pair = cute.make_rmem_tensor((2,), t.dz.element_type)
         for r in cutlass.range_constexpr(cute.size(Y, mode=[0])):
             if coords[r, 0][0] < rows:
-                # the row's factors (global) and x pairs read before its first store: a read after a store to dz
-                # could not be moved above it, and each would wait its full latency in turn
+                # the row's x pairs (and its factors, when not loaded yet) read before its first store: a read after
+                # a store to dz could not be moved above it, and each would wait its full latency in turn
                 loaded = []
                 for n in cutlass.range_constexpr(cute.size(Y, mode=[1]) // 2):
-                    loaded.append((x_rows[r, (None, n)].load(), dz_rows[r, (None, n)].load()))
+                    if cutlass.const_expr(self.d_state_splits == 1):
+                        loaded.append((x_rows[r, (None, n)].load(), F[r, (None, n)].load()))
+                    else:
+                        loaded.append((x_rows[r, (None, n)].load(), dz_rows[r, (None, n)].load()))
                 for n in cutlass.range_constexpr(cute.size(Y, mode=[1]) // 2):
                     x_pair = loaded[n][0].to(Float32)
                     factor = loaded[n][1].to(Float32)
