@@ -32,7 +32,8 @@ def provenance_line(d: dict) -> str:
     return (f"{p['gpu']}, driver {driver}, CUDA {p['cuda']}, torch {p['torch']}, Triton {p.get('triton', '-')}, "
             f"cubins from CuTe DSL {', '.join(dsl) or '?'}, "
             f"mamba2_aot {p['mamba2_aot']} at {str(p['git_revision'])[:12]}{' (dirty)' if p['git_dirty'] else ''}; "
-            f"`{p['command']}`; SM copy bandwidth {d['copy_bandwidth_GBps']:.0f} GB/s.")
+            f"`{p['command']}`; SM copy bandwidth {d['copy_bandwidth_GBps']:.0f} GB/s."
+            + (f" Note: {p['provenance_note']}." if p.get("provenance_note") else ""))
 
 
 def ssd_fwd_section(rows: list) -> list[str]:
