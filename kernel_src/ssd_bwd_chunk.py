@@ -145,6 +145,14 @@ class SsdBackwardChunk:
         return THREADS + 128 * int(self.warp_specialized)
 
     @property
+    def early_dz_factors(self) -> bool:
+        """Whether _finish reads dz's factors into registers before the straddling sums (:meth:`_load_dz_factors`),
+        not _dz just before their use: with the product warps' setmaxnreg share and the factors in the I/O dtype
+        (with d_state_splits they are fp32 shares, and the warp-MMA products of sm_100a have no registers to spare:
+        both spilled)."""
+        return self.warp_specialized and self.d_state_splits == 1
+
+    @property
     def setmaxnreg_budget(self):
         """With warp specialization, the registers per thread the cubin's launch must give (its warps' setmaxnreg
         shares averaged: an increase only takes what decreases freed in the CTA, so with fewer the product warps
@@ -1076,10 +1084,9 @@ class SsdBackwardChunk:
         coords_p = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P))))
         G_rows = mn_view(mma.thr.partition_C(sm.G))
         parts = sm.part_slots
-        # dz's factors, read back long before _dz needs them (a global load's latency, else paid there); with
-        # d_state_splits they are fp32 shares, whose registers the product warps do not have that long
+        # dz's factors, read back long before _dz needs them (a global load's latency, else paid there)
         factors = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P)), t.dz.element_type)
-        if cutlass.const_expr(self.d_state_splits == 1):
+        if cutlass.const_expr(self.early_dz_factors):
             if a.has_z != 0:
                 self._load_dz_factors(t, mma, factors, row, h, blk, rows)
         fence_operands(mma)
@@ -1144,8 +1151,8 @@ class SsdBackwardChunk:
 
     @cute.jit
     def _dz(self, t, sm, mma, acc_y, factors, row, h, blk, rows):
-        """dz = y ⊙ (dout ⊙ silu'(z)), the factors as _gate left them in dz (already in ``factors`` without
-        d_state_splits: :meth:`_load_dz_factors`), with y = S·x + y0 + D ⊙ x the forward's output before the gate
+        """dz = y ⊙ (dout ⊙ silu'(z)), the factors as _gate left them in dz (already in ``factors`` when
+        :attr:`early_dz_factors`), with y = S·x + y0 + D ⊙ x the forward's output before the gate
         (y0, the entering states' share, summed by the runs into acc_y)."""
         P = self.columns
         mma.gemm(acc_y, sm.S, transposed(sm.x, TILE, P), TILE // 16, b_transposed=True)
@@ -1161,7 +1168,7 @@ class SsdBackwardChunk:
                 # a store to dz could not be moved above it, and each would wait its full latency in turn
                 loaded = []
                 for n in cutlass.range_constexpr(cute.size(Y, mode=[1]) // 2):
-                    if cutlass.const_expr(self.d_state_splits == 1):
+                    if cutlass.const_expr(self.early_dz_factors):
                         loaded.append((x_rows[r, (None, n)].load(), F[r, (None, n)].load()))
                     else:
                         loaded.append((x_rows[r, (None, n)].load(), dz_rows[r, (None, n)].load()))
