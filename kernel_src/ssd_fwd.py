@@ -348,8 +348,9 @@ class SsdForward:
     @cute.jit
     def _walk_tokens(self, a, source, segment):
         """(row, first, start, end): the CTA's outputs' tokens [start, end) (:meth:`_tokens`) and the token its walk
-        begins at: start, or with an inline pass the row's start (the plan's segments before the last are longer
-        than the last, so the last, clamped at segment_len, still ends at the row's end)."""
+        begins at: start, or with an inline pass the row's start. (The plan's segments cover the row, segments ·
+        segment_len >= L, so with an inline pass too the last segment, clamped at segment_len, ends at the row's
+        end: ``split_call`` asserts it.)"""
         row, start, end = self._tokens(a, source, segment)
         first = start
         if cutlass.const_expr(self.inline_pass):

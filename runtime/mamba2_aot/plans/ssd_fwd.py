@@ -440,6 +440,8 @@ def split_call(call: BoundCall, workspace: DeviceArray | None) -> list[BoundCall
         room = most > 1
         inline_segments, inline_len = _inline_plan(batch, seqlen, nheads, headdim, d_state, p["heads_per_group"], room)
         if inline_segments > 1:
+            # (the kernel ends its last segment at segment_len, not at L: the segments must cover the row)
+            assert inline_segments * inline_len >= seqlen, (inline_segments, inline_len, seqlen)
             inline = dict(p, segments=inline_segments, segment_len=inline_len, inline_pass=1)
             return [unsplit[0]._replace(grid=_segments_grid(call.grid, inline_segments), params=inline)]
     segments, segment_len = plan_segments(batch, seqlen, nheads, headdim, d_state, align, most)
