@@ -147,9 +147,9 @@ class SsdBackwardChunk:
     @property
     def early_dz_factors(self) -> bool:
         """Whether _finish reads dz's factors into registers before the straddling sums (:meth:`_load_dz_factors`),
-        not _dz just before their use: with the product warps' setmaxnreg share and the factors in the I/O dtype
-        (with d_state_splits they are fp32 shares, and the warp-MMA products of sm_100a have no registers to spare:
-        both spilled)."""
+        so that their global loads' latency is hidden: on the warp-specialized CTA (sm_90a) without d_state_splits.
+        Elsewhere _dz reads them just before their use: d_state_splits' fp32 shares, and the warp-MMA products
+        (sm_100a, sm_80) without setmaxnreg, have no registers to hold them that long (both spilled)."""
         return self.warp_specialized and self.d_state_splits == 1
 
     @property
@@ -1084,9 +1084,9 @@ class SsdBackwardChunk:
         coords_p = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P))))
         G_rows = mn_view(mma.thr.partition_C(sm.G))
         parts = sm.part_slots
-        # dz's factors, read back long before _dz needs them (a global load's latency, else paid there)
-        factors = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P)), t.dz.element_type)
+        factors = None  # (dz's factors, when read here: early_dz_factors)
         if cutlass.const_expr(self.early_dz_factors):
+            factors = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P)), t.dz.element_type)
             if a.has_z != 0:
                 self._load_dz_factors(t, mma, factors, row, h, blk, rows)
         fence_operands(mma)
@@ -1157,19 +1157,18 @@ class SsdBackwardChunk:
         P = self.columns
         mma.gemm(acc_y, sm.S, transposed(sm.x, TILE, P), TILE // 16, b_transposed=True)
         Y = mn_view(acc_y)
-        F = mn_view(factors)
         coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P))))
         x_rows = mn_view(mma.thr.partition_C(sm.x))
         dz_rows = mn_view(mma.thr.partition_C(cute.local_tile(t.dz[row, None, h, None], (TILE, P), (blk, 0))))
         dz_pair = cute.make_rmem_tensor((2,), t.dz.element_type)
         for r in cutlass.range_constexpr(cute.size(Y, mode=[0])):
             if coords[r, 0][0] < rows:
-                # the row's x pairs (and its factors, when not loaded yet) read before its first store: a read after
-                # a store to dz could not be moved above it, and each would wait its full latency in turn
+                # the row's x pairs and factors read before its first store: a global read of the factors after a
+                # store to dz could not be moved above it, and each would wait its full latency in turn
                 loaded = []
                 for n in cutlass.range_constexpr(cute.size(Y, mode=[1]) // 2):
                     if cutlass.const_expr(self.early_dz_factors):
-                        loaded.append((x_rows[r, (None, n)].load(), F[r, (None, n)].load()))
+                        loaded.append((x_rows[r, (None, n)].load(), mn_view(factors)[r, (None, n)].load()))
                     else:
                         loaded.append((x_rows[r, (None, n)].load(), dz_rows[r, (None, n)].load()))
                 for n in cutlass.range_constexpr(cute.size(Y, mode=[1]) // 2):
