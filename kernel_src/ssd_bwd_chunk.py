@@ -1160,6 +1160,7 @@ class SsdBackwardChunk:
         coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P))))
         x_rows = mn_view(mma.thr.partition_C(sm.x))
         dz_rows = mn_view(mma.thr.partition_C(cute.local_tile(t.dz[row, None, h, None], (TILE, P), (blk, 0))))
+        factor_rows = mn_view(factors) if self.early_dz_factors else dz_rows
         dz_pair = cute.make_rmem_tensor((2,), t.dz.element_type)
         for r in cutlass.range_constexpr(cute.size(Y, mode=[0])):
             if coords[r, 0][0] < rows:
@@ -1167,10 +1168,7 @@ class SsdBackwardChunk:
                 # store to dz could not be moved above it, and each would wait its full latency in turn
                 loaded = []
                 for n in cutlass.range_constexpr(cute.size(Y, mode=[1]) // 2):
-                    if cutlass.const_expr(self.early_dz_factors):
-                        loaded.append((x_rows[r, (None, n)].load(), mn_view(factors)[r, (None, n)].load()))
-                    else:
-                        loaded.append((x_rows[r, (None, n)].load(), dz_rows[r, (None, n)].load()))
+                    loaded.append((x_rows[r, (None, n)].load(), factor_rows[r, (None, n)].load()))
                 for n in cutlass.range_constexpr(cute.size(Y, mode=[1]) // 2):
                     x_pair = loaded[n][0].to(Float32)
                     factor = loaded[n][1].to(Float32)

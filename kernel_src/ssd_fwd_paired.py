@@ -372,9 +372,7 @@ class SsdForwardPaired(SsdForward):
         if cutlass.const_expr(self.inline_pass):
             # the loads first, the scan while they land: an inline pass's blocks are short, and the walk's order
             # (scan, then loads, then their wait) put both on each of them
-            if k > 0:
-                role_sync(TILES_FREE + (k - 1) % BARRIER_SLOTS, self.tiles_free_count)
-            self._load_BC(storage, sources, blk + ahead, blk_end, k + ahead, t, L)
+            self._load_freed_BC(storage, sources, blk, k, blk_end, t, L)
             self._scan_into(scan, dt0, dt1, blk + 1, k + 1)
             dt0, dt1 = self._raw_dt(dt, row, h, blk + 2, lane, L)
             if blk + 1 < blk_end:
@@ -385,13 +383,18 @@ class SsdForwardPaired(SsdForward):
             if cutlass.const_expr(ahead == 2):
                 if blk + 1 < blk_end:
                     self._publish(0, k + 1)
-            if k > 0:
-                role_sync(TILES_FREE + (k - 1) % BARRIER_SLOTS, self.tiles_free_count)
-            self._load_BC(storage, sources, blk + ahead, blk_end, k + ahead, t, L)
+            self._load_freed_BC(storage, sources, blk, k, blk_end, t, L)
             if cutlass.const_expr(ahead == 1):
                 if blk + 1 < blk_end:
                     self._publish(0, k + 1)
         return dt0, dt1
+
+    @cute.jit
+    def _load_freed_BC(self, storage, sources, blk, k, blk_end, t, L):
+        """Once the products are done with block blk - 1 (TILES_FREE), block blk + ring - 1's B and C into its slots."""
+        if k > 0:
+            role_sync(TILES_FREE + (k - 1) % BARRIER_SLOTS, self.tiles_free_count)
+        self._load_BC(storage, sources, blk + self.ring - 1, blk_end, k + self.ring - 1, t, L)
 
     @cute.jit
     def _scan_into(self, scan, dt0, dt1, blk, k):
@@ -486,23 +489,23 @@ class SsdForwardPaired(SsdForward):
         if cutlass.const_expr(ahead == 2):
             if blk + 1 < blk_end:
                 self._publish(0, k + 1)
+        # whether block blk - 1 staged a y, and whether block blk will: every block does, but an inline pass's blocks
+        # before start, which have no Y_STAGED, Y_FREE or outputs (the writers learn from TILES_FREE when their x and
+        # z slots are free)
+        staged_before = k > 0
+        stages = True
         if cutlass.const_expr(self.inline_pass):
-            # an inline pass's blocks (before start) stage no y: no Y_STAGED, Y_FREE or outputs; the x and z slots of
-            # block blk - 1 are free once TILES_FREE says so
-            for w in cutlass.range_constexpr(HEADS):
-                if (k > 0) & (blk * TILE > start):
-                    role_sync(head_barrier(w, Y_STAGED), Y_COUNT)
-                    self._store_outputs(outputs, w, blk - 1)
-                if blk * TILE + TILE > start:
-                    role_arrive(head_barrier(w, Y_FREE), Y_COUNT)
+            staged_before = (k > 0) & (blk * TILE > start)
+            stages = blk * TILE + TILE > start
+        for w in cutlass.range_constexpr(HEADS):
+            if staged_before:
+                role_sync(head_barrier(w, Y_STAGED), Y_COUNT)
+                self._store_outputs(outputs, w, blk - 1)
+            if stages:
+                role_arrive(head_barrier(w, Y_FREE), Y_COUNT)
+        if cutlass.const_expr(self.inline_pass):
             if k > 0:
                 role_sync(TILES_FREE + (k - 1) % BARRIER_SLOTS, self.tiles_free_count)
-        else:
-            for w in cutlass.range_constexpr(HEADS):
-                if k > 0:
-                    role_sync(head_barrier(w, Y_STAGED), Y_COUNT)
-                    self._store_outputs(outputs, w, blk - 1)
-                role_arrive(head_barrier(w, Y_FREE), Y_COUNT)
         self._load_xz(a, storage, sources, ptile, blk + ahead, blk_end, k + ahead, t, L)
         if cutlass.const_expr(ahead == 1):
             if blk + 1 < blk_end:
