@@ -1136,14 +1136,18 @@ class SsdBackwardChunk:
                 partials[row, blk, h, p] = total
         return raw0, raw1, bias, A_next
 
+    def _dz_entries(self, t, mma, row, h, blk):
+        """(coordinates, dz's entries) of the thread's accumulator entries of the head's block of dz."""
+        P = self.columns
+        coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P))))
+        return coords, mn_view(mma.thr.partition_C(cute.local_tile(t.dz[row, None, h, None], (TILE, P), (blk, 0))))
+
     @cute.jit
     def _load_dz_factors(self, t, mma, factors, row, h, blk, rows):
         """The thread's entries of dz's factor dout ⊙ silu'(z), as _gate left it in dz (rows below L), into
         ``factors`` (laid out as the product's accumulator)."""
-        P = self.columns
         F = mn_view(factors)
-        coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P))))
-        dz_rows = mn_view(mma.thr.partition_C(cute.local_tile(t.dz[row, None, h, None], (TILE, P), (blk, 0))))
+        coords, dz_rows = self._dz_entries(t, mma, row, h, blk)
         for r in cutlass.range_constexpr(cute.size(F, mode=[0])):
             if coords[r, 0][0] < rows:
                 for n in cutlass.range_constexpr(cute.size(F, mode=[1]) // 2):
@@ -1157,9 +1161,8 @@ class SsdBackwardChunk:
         P = self.columns
         mma.gemm(acc_y, sm.S, transposed(sm.x, TILE, P), TILE // 16, b_transposed=True)
         Y = mn_view(acc_y)
-        coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P))))
+        coords, dz_rows = self._dz_entries(t, mma, row, h, blk)
         x_rows = mn_view(mma.thr.partition_C(sm.x))
-        dz_rows = mn_view(mma.thr.partition_C(cute.local_tile(t.dz[row, None, h, None], (TILE, P), (blk, 0))))
         factor_rows = mn_view(factors) if self.early_dz_factors else dz_rows
         dz_pair = cute.make_rmem_tensor((2,), t.dz.element_type)
         for r in cutlass.range_constexpr(cute.size(Y, mode=[0])):
