@@ -8,6 +8,10 @@ Run once per variant, in its own process (``cute.compile`` is not thread-safe)::
 
 The metadata JSON holds the variant's manifest entry (everything but the path prefix). Any failure
 prints the variant's name and exits non-zero, leaving no output files behind.
+
+``--experiment NAME`` (repeatable) turns on a build experiment in the kernel classes that declare it (their
+``experiments`` class attribute; the kernel sees ``enabled_experiments``). A variant built with one is marked
+unvalidated in its entry (``"validated": false``, ``"experiments": [...]``): the runtime uses it only on request.
 """
 from __future__ import annotations
 
@@ -22,14 +26,14 @@ import time
 from pathlib import Path
 
 from kernel_src import abi, cubin_checks, toolchain
-from kernel_src.families import kernel_class, variant_key, variant_stem
+from kernel_src.families import new_kernel, variant_key, variant_stem
 
 
-def compile_variant(family: str, constants: dict, arch: str) -> tuple[bytes, dict]:
-    """Compile and check one variant; return the cubin bytes and its manifest entry."""
+def compile_variant(family: str, constants: dict, arch: str, experiments=()) -> tuple[bytes, dict]:
+    """Compile and check one variant, with those of the requested ``experiments`` its class implements; return the
+    cubin bytes and its manifest entry."""
     def build(min_ctas_per_sm=None):
-        kernel = kernel_class(family)(**constants)
-        kernel.target_arch = arch  # a kernel may specialise on it (ssd_fwd: warpgroup MMAs on sm_90a)
+        kernel = new_kernel(family, constants, arch, experiments)
         if min_ctas_per_sm is not None:
             kernel.min_ctas_per_sm = min_ctas_per_sm
         return kernel
@@ -75,9 +79,18 @@ def compile_variant(family: str, constants: dict, arch: str) -> tuple[bytes, dic
         "grid": kernel.grid_rule,
         "params": param_rows,
         "ptx_isa": ptx_isa,
-        "validated": getattr(kernel, "validated", True),
+        **validation_fields(kernel),
     }
     return cubin, entry
+
+
+def validation_fields(kernel) -> dict:
+    """The entry's ``validated`` and, only when experiments were applied, ``experiments`` (sorted): a variant built
+    with an experiment is unvalidated; otherwise the kernel's own ``validated`` (default True) stands."""
+    applied = sorted(kernel.enabled_experiments)
+    if applied:
+        return {"validated": False, "experiments": applied}
+    return {"validated": getattr(kernel, "validated", True)}
 
 
 def _compile(kernel, params, arch: str) -> tuple[bytes, str, str]:
@@ -121,19 +134,22 @@ def main(argv=None) -> int:
     parser.add_argument("--arch", required=True, help="e.g. sm_90a, sm_100a")
     parser.add_argument("--cubin", required=True, type=Path)
     parser.add_argument("--meta", required=True, type=Path)
+    parser.add_argument("--experiment", action="append", default=[], metavar="NAME",
+                        help="a build experiment to turn on where the family implements it (repeatable)")
     args = parser.parse_args(argv)
     constants = json.loads(args.constants)
     name = f"{args.arch} {variant_key(args.family, constants)}"
     start = time.perf_counter()
     try:
-        cubin, entry = compile_variant(args.family, constants, args.arch)
+        cubin, entry = compile_variant(args.family, constants, args.arch, args.experiment)
     except Exception as exc:  # the build must name the variant whatever went wrong
         print(f"FAILED {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     _write_atomically(args.cubin, cubin)
     _write_atomically(args.meta, (json.dumps(entry, indent=1, sort_keys=True) + "\n").encode())
+    unvalidated = f"  unvalidated: experiments {', '.join(entry['experiments'])}" if "experiments" in entry else ""
     print(f"compiled {name}  {time.perf_counter() - start:5.2f} s  {entry['registers']} regs  "
-          f"{entry['size']} B", flush=True)
+          f"{entry['size']} B{unvalidated}", flush=True)
     return 0
 
 

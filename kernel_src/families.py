@@ -67,14 +67,35 @@ def kernel_class(family: str):
     return getattr(importlib.import_module(module), cls)
 
 
-def unsupported(family: str, constants: dict, arch: str) -> str | None:
-    """Why a variant cannot be built for ``arch`` (its shared memory, with the DSL's static kilobyte the cubin check
-    counts too, exceeds the arch's per-CTA limit), or None. The build skips such variants for that arch; the
-    runtime then reports them as not built there."""
+def applied_experiments(family: str, requested) -> frozenset[str]:
+    """The build experiments among ``requested`` that the family's kernel class implements (the names in its
+    optional class attribute ``experiments``); the others leave the family as it is."""
+    return frozenset(requested) & frozenset(getattr(kernel_class(family), "experiments", ()))
+
+
+def known_experiments() -> list[str]:
+    """Every experiment name some family's kernel class declares, sorted."""
+    return sorted({name for family in FAMILIES for name in getattr(kernel_class(family), "experiments", ())})
+
+
+def new_kernel(family: str, constants: dict, arch: str, experiments=()):
+    """The family's kernel for ``constants`` as the build compiles it for ``arch``: with ``target_arch`` (a kernel may
+    specialise on it: ssd_fwd's warpgroup MMAs on sm_90a, its scan slots) and ``enabled_experiments``, the
+    requested experiments the class implements (an empty frozenset when none: kernel code tests
+    ``"name" in self.enabled_experiments``)."""
+    kernel = kernel_class(family)(**constants)
+    kernel.target_arch = arch
+    kernel.enabled_experiments = applied_experiments(family, experiments)
+    return kernel
+
+
+def unsupported(family: str, constants: dict, arch: str, experiments=()) -> str | None:
+    """Why a variant (with the requested ``experiments``) cannot be built for ``arch`` (its shared memory, with the
+    DSL's static kilobyte the cubin check counts too, exceeds the arch's per-CTA limit), or None. The build skips
+    such variants for that arch; the runtime then reports them as not built there."""
     from kernel_src.cubin_checks import DSL_STATIC_SMEM, SMEM_LIMIT
 
-    kernel = kernel_class(family)(**constants)
-    kernel.target_arch = arch  # (a kernel may size its shared memory for the target: ssd_fwd's scan slots)
+    kernel = new_kernel(family, constants, arch, experiments)
     dynamic = kernel.dynamic_smem
     static = DSL_STATIC_SMEM if dynamic else 0
     if dynamic + static > SMEM_LIMIT[arch]:
