@@ -2,7 +2,8 @@
 
 * :class:`FakeCAI` / :class:`FakeDLPack`: device arrays exposing ``__cuda_array_interface__`` or a
   hand-made DLPack capsule, at made-up addresses (nothing is dereferenced on the CPU).
-* :func:`write_cubin_dir`: a manifest plus fake cubins for ``ssd_chunk_cumsum``, laid out like a build.
+* :func:`write_cubin_dir`: a manifest plus fake cubins for ``ssd_chunk_cumsum``, laid out like a build;
+  :func:`mark_unvalidated` turns some of its variants into unvalidated builds.
 * :class:`FakeDriver`: stands in for :class:`mamba2_aot.driver.CudaDriver` and records every call.
 * fixtures ``no_driver`` (opening the driver fails the test) and ``fake_runtime`` (fake cubins + FakeDriver).
 """
@@ -189,6 +190,16 @@ def write_cubin_dir(root: Path, *, cc=(9, 0), version=None, chunk_sizes=(64, 256
     return pkg
 
 
+def mark_unvalidated(pkg: Path, chunk_size: int, experiments=("bwd_products_ahead",)) -> None:
+    """Mark the variants of ``pkg`` (a :func:`write_cubin_dir`) with ``chunk_size`` as a build experiment makes them:
+    ``"validated": false`` and, when ``experiments`` is not empty, ``"experiments"``."""
+    data = json.loads((pkg / "manifest.json").read_text())
+    for row in data["variants"]:
+        if row["constants"]["chunk_size"] == chunk_size:
+            row.update(validated=False, **({"experiments": list(experiments)} if experiments else {}))
+    (pkg / "manifest.json").write_text(json.dumps(data, indent=1, sort_keys=True))
+
+
 # -- driver ----------------------------------------------------------------------------------------------
 class FakeDriver:
     """Records calls; devices have ``capabilities[i]``; pointers below ``device_split`` are on cuda:0."""
@@ -295,7 +306,8 @@ def unpack_params(launch_record, layout):
 
 
 def reset_runtime_state(monkeypatch):
-    """Fresh caches: no catalog, no driver, nothing loaded."""
+    """Fresh caches: no catalog, no driver, nothing loaded; unvalidated variants not allowed."""
+    monkeypatch.delenv(manifest.ENV_ALLOW_UNVALIDATED, raising=False)
     monkeypatch.setattr(manifest, "_catalog", None)
     monkeypatch.setattr(driver, "_driver", None)
     monkeypatch.setattr(dispatch, "_kernels", {})

@@ -15,13 +15,14 @@ from hypothesis import strategies as st
 
 from mamba2_aot import (AlignmentError, AliasingError, ArchMismatchError, CubinNotInstalledError, CudaDriverError,
                         DeviceError, DTypeError, GraphCaptureError, InvalidArgumentError, ManifestError, ShapeError,
-                        StrideError, VariantNotFoundError, driver, manifest, runtime, validation)
+                        StrideError, UnvalidatedVariantError, VariantNotFoundError, driver, manifest, runtime,
+                        validation)
 from mamba2_aot.dispatch import ParamPacker
 from mamba2_aot.plans import PLANS
 from mamba2_aot.plans.ssd_chunk_cumsum import ChunkCumsumPlan
 from mamba2_aot.tensors import as_device_array
 from runtime_fakes import (CUMSUM_KINDS, FakeCAI, FakeDriver, FakeDLPack, c_layout, fake_array,  # noqa: F401
-                           fake_runtime, no_driver, unpack_params, write_cubin_dir)
+                           fake_runtime, mark_unvalidated, no_driver, unpack_params, write_cubin_dir)
 
 MB = 1 << 20
 LAYOUT = c_layout(ChunkCumsumPlan.param_names, CUMSUM_KINDS)
@@ -214,6 +215,17 @@ def test_constants_built_for_no_arch_refused_before_the_driver(no_driver, tmp_pa
     assert driver._driver is None
 
 
+def test_unvalidated_variant_refused_before_the_driver(no_driver, tmp_path, monkeypatch):
+    mark_unvalidated(write_cubin_dir(tmp_path), 64)
+    monkeypatch.setenv(manifest.ENV_CUBIN_DIR, str(tmp_path))
+    with pytest.raises(UnvalidatedVariantError, match=r"^ssd_chunk_cumsum: the only built variant for chunk_size=64, "
+                       r"dt_dtype=fp32 in the installed cubins is ssd_chunk_cumsum\[chunk_size=64,dt_dtype=fp32\] in "
+                       r"mamba2_aot_cubins_sm90 \(sm_90a\), an unvalidated build \(built with the experiment\(s\) "
+                       r"bwd_products_ahead\); .* set MAMBA2_AOT_ALLOW_UNVALIDATED=1 to use it$"):
+        runtime.launch("ssd_chunk_cumsum", **cumsum_args(Q=64))
+    assert driver._driver is None
+
+
 def test_unknown_family_lists_known(no_driver):
     with pytest.raises(VariantNotFoundError, match="unknown kernel family 'ssd_nope'.*ssd_chunk_cumsum"):
         runtime.launch("ssd_nope")
@@ -324,6 +336,28 @@ def test_variant_built_only_for_another_arch(tmp_path, monkeypatch, fake_runtime
                        r"variants for sm_90: \[chunk_size=64, dt_dtype=bf16\]; \[chunk_size=64, dt_dtype=fp32\]$"):
         runtime.launch("ssd_chunk_cumsum", **cumsum_args(Q=128))
     assert not fake_runtime.launches
+
+
+def test_unvalidated_variant_launches_only_when_allowed(fake_runtime, tmp_path, monkeypatch):
+    mark_unvalidated(tmp_path / "mamba2_aot_cubins_sm90", 64)
+    with pytest.raises(UnvalidatedVariantError):
+        runtime.launch("ssd_chunk_cumsum", **cumsum_args(Q=64))
+    assert not fake_runtime.calls  # refused before the device was looked at
+    assert [key for key, _ in runtime.preload()] == ["ssd_chunk_cumsum[chunk_size=256,dt_dtype=bf16]",
+                                                      "ssd_chunk_cumsum[chunk_size=256,dt_dtype=fp32]"]
+    monkeypatch.setenv(manifest.ENV_ALLOW_UNVALIDATED, "1")
+    manifest.catalog(refresh=True)  # (read at discovery)
+    runtime.launch("ssd_chunk_cumsum", **cumsum_args(Q=64))
+    assert len(fake_runtime.launches) == 1
+    assert [c for c in fake_runtime.calls if c[0] == "load"][-1] == ("load", b"fake cubin mamba2_aot_cubins_sm90 64 fp32")
+
+
+def test_unvalidated_variant_for_the_device_arch_refused_at_its_lookup(fake_runtime, tmp_path):
+    mark_unvalidated(tmp_path / "mamba2_aot_cubins_sm90", 64)
+    write_cubin_dir(tmp_path, cc=(10, 0))  # validated for sm_100: the call may run somewhere, not on this sm_90
+    with pytest.raises(UnvalidatedVariantError, match="dt_dtype=fp32 on sm_90 is ssd_chunk_cumsum"):
+        runtime.launch("ssd_chunk_cumsum", **cumsum_args(Q=64))
+    assert not [c for c in fake_runtime.calls if c[0] == "load"] and not fake_runtime.launches
 
 
 def test_wrong_arch_names_the_wheel(fake_runtime):
@@ -450,10 +484,16 @@ def test_large_smem_and_cluster_attributes(tmp_path, monkeypatch, fake_runtime):
     assert fake_runtime.launches[0]["attrs"] == [(4, 3, 1)] and fake_runtime.launches[0]["smem"] == 100_000
 
 
-def test_list_variants(fake_runtime):
+def test_list_variants(fake_runtime, tmp_path):
     rows = runtime.list_variants("ssd_chunk_cumsum")
     assert len(rows) == 4 and rows[0]["arch"] == "sm_90a" and rows[0]["compute_capability"] == (9, 0)
+    assert (rows[0]["validated"], rows[0]["experiments"], rows[0]["usable"]) == (True, [], True)
     assert runtime.list_variants("nope") == []
+    mark_unvalidated(tmp_path / "mamba2_aot_cubins_sm90", 64)
+    manifest.catalog(refresh=True)
+    rows = {row["key"]: row for row in runtime.list_variants("ssd_chunk_cumsum")}
+    row = rows["ssd_chunk_cumsum[chunk_size=64,dt_dtype=bf16]"]
+    assert (row["validated"], row["experiments"], row["usable"]) == (False, ["bwd_products_ahead"], False)
 
 
 def test_fake_driver_matches_real_driver_interface():

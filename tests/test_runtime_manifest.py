@@ -9,8 +9,8 @@ import pytest
 
 import mamba2_aot
 from mamba2_aot import (CubinNotInstalledError, CubinPackageError, ManifestError, Sha256MismatchError,
-                        VariantNotFoundError, VersionLockError, manifest)
-from runtime_fakes import write_cubin_dir
+                        UnvalidatedVariantError, VariantNotFoundError, VersionLockError, manifest)
+from runtime_fakes import mark_unvalidated, write_cubin_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,7 +29,15 @@ def test_parse_good_manifest(tmp_path):
     v = m.variants[0]
     assert v.path.parent == pkg / "cubins" and v.block == (256, 1, 1) and v.cluster == (1, 1, 1)
     assert [p.name for p in v.params][:3] == ["dt", "A", "dt_bias"] and v.params[-1].offset == 172
+    assert v.validated is True and v.experiments == ()
     assert manifest.read_cubin(v) == v.path.read_bytes()
+
+
+def test_parse_unvalidated_variant_and_its_experiments(tmp_path):
+    pkg = write_cubin_dir(tmp_path, chunk_sizes=(64,), dtypes=("bf16",))
+    mark_unvalidated(pkg, 64, experiments=("b_exp", "a_exp"))
+    v = manifest.load_manifest(pkg / "manifest.json").variants[0]
+    assert v.validated is False and v.experiments == ("b_exp", "a_exp")
 
 
 @pytest.mark.parametrize("stage", sorted((REPO / "build" / "stage").glob("*/manifest.json")) or [None])
@@ -63,6 +71,8 @@ def test_unknown_schema(tmp_path):
     (lambda d: d["variants"][0]["params"][1].update(offset=4), "overlaps or is misaligned"),
     (lambda d: d["variants"][0]["params"][0].update(kind="u8"), "has kind 'u8'"),
     (lambda d: d.update(compute_capability="9.0"), "'compute_capability' should be list"),
+    (lambda d: d["variants"][0].update(experiments="bwd_products_ahead"), "'experiments' should be list"),
+    (lambda d: d["variants"][0].update(experiments=[1]), "'experiments' should be a list of strings"),
 ])
 def test_schema_errors(tmp_path, change, message):
     pkg = write_cubin_dir(tmp_path)
@@ -186,3 +196,94 @@ def test_naming_helpers():
     assert manifest.package_name((10, 0)) == "mamba2_aot_cubins_sm100"
     assert manifest.arch_name((9, 0)) == "sm_90"
     assert manifest.constants_key({"b": 1, "a": "x"}) == (("a", "x"), ("b", 1))
+
+
+# -- unvalidated variants (a build experiment's): used only with MAMBA2_AOT_ALLOW_UNVALIDATED ---------------------
+Q256_BF16 = {"chunk_size": 256, "dt_dtype": "bf16"}
+
+
+def _catalog(cubin_dir, allow=None) -> manifest.Catalog:
+    environ = {manifest.ENV_CUBIN_DIR: str(cubin_dir)}
+    if allow is not None:
+        environ[manifest.ENV_ALLOW_UNVALIDATED] = allow
+    return manifest.discover(environ)
+
+
+def test_unvalidated_variant_is_refused_by_default(tmp_path):
+    mark_unvalidated(write_cubin_dir(tmp_path), 256)
+    catalog = _catalog(tmp_path)
+    assert not catalog.allow_unvalidated
+    for lookup, where in ((lambda: catalog.find("ssd_chunk_cumsum", Q256_BF16, (9, 0)), "on sm_90"),
+                          (lambda: catalog.require_built("ssd_chunk_cumsum", manifest.constants_key(Q256_BF16)),
+                           "in the installed cubins")):
+        with pytest.raises(UnvalidatedVariantError) as info:
+            lookup()
+        assert isinstance(info.value, VariantNotFoundError)
+        assert str(info.value) == (
+            f"ssd_chunk_cumsum: the only built variant for chunk_size=256, dt_dtype=bf16 {where} is "
+            "ssd_chunk_cumsum[chunk_size=256,dt_dtype=bf16] in mamba2_aot_cubins_sm90 (sm_90a), an unvalidated build "
+            "(built with the experiment(s) bwd_products_ahead); unvalidated builds are not used by default: set "
+            "MAMBA2_AOT_ALLOW_UNVALIDATED=1 to use it")
+    assert {dict(key)["chunk_size"] for _, key in catalog.index((9, 0))} == {64}
+    assert catalog.find("ssd_chunk_cumsum", {"chunk_size": 64, "dt_dtype": "bf16"}, (9, 0)).validated
+
+
+def test_unvalidated_variant_without_experiments_says_so(tmp_path):
+    mark_unvalidated(write_cubin_dir(tmp_path), 256, experiments=())
+    with pytest.raises(UnvalidatedVariantError, match=r"an unvalidated build \(not validated on hardware\); "):
+        _catalog(tmp_path).find("ssd_chunk_cumsum", Q256_BF16, (9, 0))
+
+
+def test_listings_keep_unvalidated_variants_apart(tmp_path):
+    mark_unvalidated(write_cubin_dir(tmp_path), 256)
+    catalog = _catalog(tmp_path)
+    with pytest.raises(VariantNotFoundError) as info:
+        catalog.find("ssd_chunk_cumsum", {"chunk_size": 128, "dt_dtype": "bf16"}, (9, 0))
+    assert not isinstance(info.value, UnvalidatedVariantError)
+    assert str(info.value).endswith(
+        "Built ssd_chunk_cumsum variants for sm_90: [chunk_size=64, dt_dtype=bf16]; [chunk_size=64, dt_dtype=fp32] "
+        "Unvalidated builds, not used unless MAMBA2_AOT_ALLOW_UNVALIDATED=1: [chunk_size=256, dt_dtype=bf16]; "
+        "[chunk_size=256, dt_dtype=fp32]")
+    with pytest.raises(VariantNotFoundError) as info:
+        catalog.require_built("ssd_chunk_cumsum", manifest.constants_key({"chunk_size": 128, "dt_dtype": "bf16"}))
+    assert str(info.value).endswith(
+        "Built ssd_chunk_cumsum variants: [chunk_size=64, dt_dtype=bf16] (sm_90a); [chunk_size=64, dt_dtype=fp32] "
+        "(sm_90a) Unvalidated builds, not used unless MAMBA2_AOT_ALLOW_UNVALIDATED=1: [chunk_size=256, dt_dtype=bf16] "
+        "(sm_90a); [chunk_size=256, dt_dtype=fp32] (sm_90a)")
+
+
+@pytest.mark.parametrize("allow,allowed", [("1", True), ("true", True), ("yes", True), ("0", False), ("", False)])
+def test_unvalidated_variant_is_used_when_allowed(tmp_path, allow, allowed):
+    mark_unvalidated(write_cubin_dir(tmp_path), 256)
+    catalog = _catalog(tmp_path, allow)
+    assert catalog.allow_unvalidated is allowed
+    if not allowed:
+        with pytest.raises(UnvalidatedVariantError):
+            catalog.find("ssd_chunk_cumsum", Q256_BF16, (9, 0))
+        return
+    catalog.require_built("ssd_chunk_cumsum", manifest.constants_key(Q256_BF16))
+    v = catalog.find("ssd_chunk_cumsum", Q256_BF16, (9, 0))
+    assert v.validated is False and v.experiments == ("bwd_products_ahead",)
+
+
+@pytest.mark.parametrize("allow", [None, "1"])
+def test_first_source_wins_among_the_variants_that_may_run(tmp_path, allow):
+    """An unvalidated build in the first source (e.g. an experiment's build/stage in MAMBA2_AOT_CUBIN_DIR) shadows a
+    validated one in a later source only when unvalidated variants are allowed; otherwise the validated one serves."""
+    mark_unvalidated(write_cubin_dir(tmp_path / "experiment"), 256)
+    write_cubin_dir(tmp_path / "shipped")
+    catalog = _catalog(f"{tmp_path / 'experiment'}:{tmp_path / 'shipped'}", allow)
+    v = catalog.find("ssd_chunk_cumsum", Q256_BF16, (9, 0))
+    assert v.path.is_relative_to(tmp_path / ("experiment" if allow else "shipped"))
+    assert v.validated is (not allow)
+    catalog.require_built("ssd_chunk_cumsum", manifest.constants_key(Q256_BF16))
+
+
+def test_validated_on_another_arch_defers_to_the_device_lookup(tmp_path):
+    mark_unvalidated(write_cubin_dir(tmp_path, cc=(9, 0)), 256)
+    write_cubin_dir(tmp_path, cc=(10, 0))
+    catalog = _catalog(tmp_path)
+    catalog.require_built("ssd_chunk_cumsum", manifest.constants_key(Q256_BF16))  # may run on an sm_100 device
+    assert catalog.find("ssd_chunk_cumsum", Q256_BF16, (10, 0)).validated
+    with pytest.raises(UnvalidatedVariantError, match="on sm_90 is ssd_chunk_cumsum"):
+        catalog.find("ssd_chunk_cumsum", Q256_BF16, (9, 0))

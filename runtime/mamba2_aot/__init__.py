@@ -11,14 +11,15 @@ __version__ = "0.1.0"
 from .errors import (AlignmentError, AliasingError, ArchMismatchError, ArrayProtocolError, CubinNotInstalledError,
                      CubinPackageError, CudaDriverError, DeviceError, DriverNotFoundError, DriverTooOldError,
                      DTypeError, GraphCaptureError, InvalidArgumentError, Mamba2AOTError, ManifestError,
-                     Sha256MismatchError, ShapeError, StreamError, StrideError, VariantNotFoundError,
-                     VersionLockError)
+                     Sha256MismatchError, ShapeError, StreamError, StrideError, UnvalidatedVariantError,
+                     VariantNotFoundError, VersionLockError)
 from .runtime import launch, list_variants, preload, workspace_size
 
 __all__ = [
     "__version__", "launch", "preload", "workspace_size", "list_variants",
     "Mamba2AOTError", "InvalidArgumentError", "ArrayProtocolError", "DTypeError", "ShapeError", "StrideError",
-    "AlignmentError", "DeviceError", "AliasingError", "StreamError", "VariantNotFoundError", "CubinPackageError",
-    "CubinNotInstalledError", "ManifestError", "VersionLockError", "Sha256MismatchError", "ArchMismatchError",
+    "AlignmentError", "DeviceError", "AliasingError", "StreamError", "VariantNotFoundError", "UnvalidatedVariantError",
+    "CubinPackageError", "CubinNotInstalledError", "ManifestError", "VersionLockError", "Sha256MismatchError",
+    "ArchMismatchError",
     "CudaDriverError", "DriverNotFoundError", "DriverTooOldError", "GraphCaptureError",
 ]

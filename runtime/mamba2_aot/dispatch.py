@@ -466,13 +466,17 @@ def _kernel_families(family: str) -> tuple[str, ...]:
 
 def list_variants(family: str | None = None) -> list[dict]:
     """Every variant in the installed cubins (no GPU needed): family, key, constants, arch,
-    compute_capability, package, validated. ``family`` filters (a composite family: its steps' variants)."""
+    compute_capability, package, validated, experiments (the build experiments it was compiled with), usable
+    (False for an unvalidated one without MAMBA2_AOT_ALLOW_UNVALIDATED=1). ``family`` filters (a composite family:
+    its steps' variants)."""
     wanted = None if family is None else _kernel_families(family) if family in PLANS else (family,)
     rows = []
-    for m in manifest.catalog().manifests:
+    catalog = manifest.catalog()
+    for m in catalog.manifests:
         for v in m.variants:
             if wanted is None or v.family in wanted:
                 rows.append({"family": v.family, "key": v.key, "constants": dict(v.constants), "arch": m.arch,
                              "compute_capability": m.compute_capability, "package": m.package,
-                             "validated": v.validated})
+                             "validated": v.validated, "experiments": list(v.experiments),
+                             "usable": catalog.usable(v)})
     return rows

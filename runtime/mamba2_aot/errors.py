@@ -11,6 +11,7 @@
     │   ├── AliasingError                         an output overlaps an input or another output
     │   └── StreamError                           the stream argument is not a stream
     ├── VariantNotFoundError (also LookupError)  unknown family, or no built variant for these constants
+    │   └── UnvalidatedVariantError              only an unvalidated build has them (not used by default)
     ├── CubinPackageError                        the cubins: missing wheel, broken manifest, version lock, ...
     │   ├── CubinNotInstalledError
     │   ├── ManifestError
@@ -72,6 +73,12 @@ class StreamError(InvalidArgumentError, TypeError):
 class VariantNotFoundError(Mamba2AOTError, LookupError):
     """An unknown family, or no built variant with the requested compile-time constants: for any installed
     arch (raised before the driver is opened), or for the device's arch."""
+
+
+class UnvalidatedVariantError(VariantNotFoundError):
+    """The only built variant with the requested constants is marked unvalidated in its manifest (a build
+    experiment, or code that could not be validated on hardware): not used unless
+    ``MAMBA2_AOT_ALLOW_UNVALIDATED=1``."""
 
 
 class CubinPackageError(Mamba2AOTError):

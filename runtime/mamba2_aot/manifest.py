@@ -12,6 +12,12 @@ A variant provided by several sources is taken from the first. Problems (unreada
 lock, unknown schema) are recorded, not raised, at discovery, and raised when the affected architecture
 is actually needed, so a broken sm_100 package never stops an sm_90 machine.
 
+Variants their manifest marks unvalidated (``"validated": false``: built with a build experiment, or code
+that could not be validated on hardware) are not used unless ``MAMBA2_AOT_ALLOW_UNVALIDATED=1`` (read at
+discovery, like ``MAMBA2_AOT_CUBIN_DIR``). Lookups pass over them, so "the first source wins" among the
+variants that may be used (a validated build of the same constants in a later source serves the call); a call
+that only unvalidated builds could serve raises :class:`UnvalidatedVariantError`, saying how to opt in.
+
 Each cubin's size and sha256 are checked against the manifest right before it is loaded (once per
 process); ``MAMBA2_AOT_SKIP_SHA256=1`` or ``verify=False`` skips that, explicitly.
 """
@@ -30,12 +36,13 @@ from types import MappingProxyType
 
 from . import __version__
 from .errors import (CubinNotInstalledError, CubinPackageError, ManifestError, Sha256MismatchError,
-                     VariantNotFoundError, VersionLockError)
+                     UnvalidatedVariantError, VariantNotFoundError, VersionLockError)
 
 SCHEMA_VERSION = 1
 PACKAGE_PREFIX = "mamba2_aot_cubins_"
 ENV_CUBIN_DIR = "MAMBA2_AOT_CUBIN_DIR"
 ENV_SKIP_SHA256 = "MAMBA2_AOT_SKIP_SHA256"
+ENV_ALLOW_UNVALIDATED = "MAMBA2_AOT_ALLOW_UNVALIDATED"
 KIND_SIZES = {"ptr": 8, "i32": 4, "i64": 8, "f32": 4}
 
 
@@ -63,6 +70,11 @@ def constants_key(constants) -> tuple:
 
 def format_constants(constants) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(constants.items()))
+
+
+def env_flag(name: str, environ=os.environ) -> bool:
+    """Whether the environment variable ``name`` is set to ``1``, ``true`` or ``yes``."""
+    return environ.get(name, "") in ("1", "true", "yes")
 
 
 @dataclass(frozen=True)
@@ -93,6 +105,7 @@ class Variant:
     grid: str
     params: tuple[Param, ...]
     validated: bool
+    experiments: tuple[str, ...]  # the build experiments it was compiled with (then not validated); usually none
     manifest: "Manifest" = field(repr=False)
 
 
@@ -123,6 +136,16 @@ def _triple(obj: dict, key: str, where: str) -> tuple[int, int, int]:
     value = _get(obj, key, list, where)
     if len(value) != 3 or not all(isinstance(v, int) and v >= 1 for v in value):
         raise ManifestError(f"{where}: {key!r} should be three positive ints, got {value!r}")
+    return tuple(value)
+
+
+def _names(obj: dict, key: str, where: str) -> tuple[str, ...]:
+    """An optional list-of-strings field; absent: ``()``."""
+    if key not in obj:
+        return ()
+    value = _get(obj, key, list, where)
+    if not all(isinstance(v, str) for v in value):
+        raise ManifestError(f"{where}: {key!r} should be a list of strings, got {value!r}")
     return tuple(value)
 
 
@@ -188,6 +211,7 @@ def parse_manifest(data: dict, path: Path, *, expected_version: str = __version_
             grid=_get(row, "grid", str, vwhere),
             params=_parse_params(_get(row, "params", list, vwhere), vwhere),
             validated=bool(row.get("validated", True)),
+            experiments=_names(row, "experiments", vwhere),
             manifest=manifest,
         ))
     object.__setattr__(manifest, "variants", tuple(variants))
@@ -216,7 +240,7 @@ def read_cubin(variant: Variant, *, verify: bool | None = None) -> bytes:
                                 f"reinstall it: pip install --force-reinstall '{variant.manifest.package}=="
                                 f"{variant.manifest.version}'") from None
     if verify is None:
-        verify = os.environ.get(ENV_SKIP_SHA256, "") not in ("1", "true", "yes")
+        verify = not env_flag(ENV_SKIP_SHA256)
     if verify:
         digest = hashlib.sha256(image).hexdigest()
         if len(image) != variant.size or digest != variant.sha256:
@@ -238,13 +262,21 @@ class Problem:
 
 
 class Catalog:
-    """Every usable manifest found (in precedence order) plus the problems met while looking."""
+    """Every usable manifest found (in precedence order) plus the problems met while looking.
 
-    def __init__(self, manifests: list[Manifest], problems: list[Problem]):
+    Lookups (:meth:`index`, :meth:`find`, :meth:`require_built`) use only the variants that may run: validated
+    ones, and with ``allow_unvalidated`` (``MAMBA2_AOT_ALLOW_UNVALIDATED=1`` at :func:`discover`) the others too."""
+
+    def __init__(self, manifests: list[Manifest], problems: list[Problem], *, allow_unvalidated: bool = False):
         self.manifests = tuple(manifests)
         self.problems = tuple(problems)
+        self.allow_unvalidated = allow_unvalidated
         self._index: dict[tuple[int, int], dict] = {}
-        self._built: frozenset | None = None  # every (family, constants_key) of every arch
+        self._built: frozenset | None = None  # every (family, constants_key) of every arch that may run
+
+    def usable(self, variant: Variant) -> bool:
+        """Whether calls may use ``variant``: it is validated, or unvalidated variants are allowed."""
+        return variant.validated or self.allow_unvalidated
 
     def for_capability(self, cc: tuple[int, int]) -> list[Manifest]:
         """The manifests whose cubins load on ``cc``; raises the recorded problem or
@@ -263,46 +295,84 @@ class Catalog:
         )
 
     def index(self, cc: tuple[int, int]) -> dict:
-        """``{(family, constants_key): Variant}`` for ``cc`` (first source wins); built once per cc."""
+        """``{(family, constants_key): Variant}`` for ``cc``: the variants that may run (:meth:`usable`), the first
+        source's where several have the same constants; built once per cc."""
         table = self._index.get(cc)
         if table is None:
             table = {}
             for manifest in self.for_capability(cc):
                 for v in manifest.variants:
-                    table.setdefault((v.family, constants_key(v.constants)), v)
+                    if self.usable(v):
+                        table.setdefault((v.family, constants_key(v.constants)), v)
             self._index[cc] = table
         return table
 
     def find(self, family: str, constants: dict, cc: tuple[int, int]) -> Variant:
-        """The variant of ``family`` with exactly ``constants`` for ``cc``; raises
-        :class:`VariantNotFoundError` listing what was built for that family and arch."""
+        """The variant of ``family`` with exactly ``constants`` for ``cc``; raises :class:`UnvalidatedVariantError`
+        when only unvalidated builds (not allowed) have them, else :class:`VariantNotFoundError` listing what was
+        built for that family and arch."""
         table = self.index(cc)
-        variant = table.get((family, constants_key(constants)))
+        key = constants_key(constants)
+        variant = table.get((family, key))
         if variant is not None:
             return variant
+        held_back = self.held_back(self.for_capability(cc), family)
+        _refuse_unvalidated(family, key, held_back, f"on {arch_name(cc)}")
         listing = _listing(v for (fam, _), v in table.items() if fam == family)
         raise VariantNotFoundError(
             f"{family}: no built variant for {format_constants(constants)} on {arch_name(cc)}. "
-            f"Built {family} variants for {arch_name(cc)}: {listing}"
+            f"Built {family} variants for {arch_name(cc)}: {listing}{_unvalidated_note(held_back)}"
         )
 
     def require_built(self, family: str, key: tuple) -> None:
         """Raise :class:`VariantNotFoundError`, listing every built variant of ``family`` and its archs, when
-        no manifest of any arch has the variant with constants ``key`` (a :func:`constants_key`): such a
-        call cannot run on any device. Needs no driver. Does nothing when no manifest was found or a
+        no manifest of any arch has a variant that may run (:meth:`usable`) with constants ``key`` (a
+        :func:`constants_key`): such a call cannot run on any device; :class:`UnvalidatedVariantError` when only
+        unvalidated builds have them. Needs no driver. Does nothing when no manifest was found or a
         source is broken: then the per-device lookup (:meth:`find`) reports the actual problem."""
         if not self.manifests or self.problems:
             return
         if self._built is None:
-            self._built = frozenset((v.family, constants_key(v.constants)) for m in self.manifests for v in m.variants)
+            self._built = frozenset((v.family, constants_key(v.constants)) for m in self.manifests for v in m.variants
+                                    if self.usable(v))
         if (family, key) in self._built:
             return
+        held_back = self.held_back(self.manifests, family)
+        _refuse_unvalidated(family, key, held_back, "in the installed cubins")
         archs = ", ".join(sorted({m.arch for m in self.manifests}))
-        listing = _listing((v for m in self.manifests for v in m.variants if v.family == family), with_arch=True)
+        listing = _listing((v for m in self.manifests for v in m.variants if v.family == family and self.usable(v)),
+                           with_arch=True)
         raise VariantNotFoundError(
             f"{family}: no built variant for {format_constants(dict(key))} in the installed cubins (archs: "
-            f"{archs}). Built {family} variants: {listing}"
+            f"{archs}). Built {family} variants: {listing}{_unvalidated_note(held_back, with_arch=True)}"
         )
+
+    def held_back(self, manifests, family: str | None = None) -> list[Variant]:
+        """The variants (of ``family``, when given) in ``manifests`` that may not run: unvalidated, not allowed."""
+        return [v for m in manifests for v in m.variants
+                if not self.usable(v) and (family is None or v.family == family)]
+
+
+def _refuse_unvalidated(family: str, key: tuple, held_back: list[Variant], where: str) -> None:
+    """Raise :class:`UnvalidatedVariantError` when a variant of ``held_back`` has the constants ``key``."""
+    matches = [v for v in held_back if constants_key(v.constants) == key]
+    if not matches:
+        return
+    experiments = sorted({name for v in matches for name in v.experiments})
+    built = f"built with the experiment(s) {', '.join(experiments)}" if experiments else "not validated on hardware"
+    sources = ", ".join(sorted({f"{v.manifest.package} ({v.manifest.arch})" for v in matches}))
+    raise UnvalidatedVariantError(
+        f"{family}: the only built variant for {format_constants(dict(key))} {where} is {matches[0].key} in "
+        f"{sources}, an unvalidated build ({built}); unvalidated builds are not used by default: set "
+        f"{ENV_ALLOW_UNVALIDATED}=1 to use it"
+    )
+
+
+def _unvalidated_note(held_back: list[Variant], *, with_arch: bool = False) -> str:
+    """What a listing of usable variants leaves out: `` Unvalidated builds, not used unless ...: [...]``, or ``""``."""
+    if not held_back:
+        return ""
+    return f" Unvalidated builds, not used unless {ENV_ALLOW_UNVALIDATED}=1: {_listing(held_back, with_arch=with_arch)}"
 
 
 def _listing(variants, *, with_arch: bool = False) -> str:
@@ -353,7 +423,8 @@ def _package_of(path: Path) -> str | None:
 
 
 def discover(environ=os.environ) -> Catalog:
-    """Look for manifests now (see the module docstring for where). Never raises for a bad source."""
+    """Look for manifests now (see the module docstring for where), and read whether unvalidated variants may be
+    used (``MAMBA2_AOT_ALLOW_UNVALIDATED``). Never raises for a bad source."""
     override_paths, problems = _override_manifest_paths(environ.get(ENV_CUBIN_DIR, ""))
     manifests = []
     for path in override_paths + _installed_manifest_paths():
@@ -361,7 +432,7 @@ def discover(environ=os.environ) -> Catalog:
             manifests.append(load_manifest(path))
         except CubinPackageError as exc:
             problems.append(Problem(str(path.parent), exc, _package_of(path)))
-    return Catalog(manifests, problems)
+    return Catalog(manifests, problems, allow_unvalidated=env_flag(ENV_ALLOW_UNVALIDATED, environ))
 
 
 _catalog: Catalog | None = None
