@@ -10,7 +10,7 @@ import pytest
 
 from mamba2_aot import DriverNotFoundError, driver, manifest
 from mamba2_aot.__main__ import main
-from runtime_fakes import FakeDriver, reset_runtime_state, write_cubin_dir
+from runtime_fakes import FakeDriver, mark_unvalidated, reset_runtime_state, write_cubin_dir
 
 RUNTIME = Path(__file__).resolve().parents[1] / "runtime"
 
@@ -43,6 +43,20 @@ def test_list_with_fake_device(cubins, monkeypatch, capsys):
     assert "no device of this arch here" in capsys.readouterr().out
 
 
+def test_list_marks_unvalidated_variants(cubins, monkeypatch, capsys):
+    mark_unvalidated(cubins, 64)
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert ("ssd_chunk_cumsum[chunk_size=64,dt_dtype=bf16]: unknown (no CUDA here) [not validated on hardware; "
+            "experiments: bwd_products_ahead; not used unless MAMBA2_AOT_ALLOW_UNVALIDATED=1]\n") in out
+    assert "ssd_chunk_cumsum[chunk_size=256,dt_dtype=bf16]: unknown (no CUDA here)\n" in out
+    monkeypatch.setenv(manifest.ENV_ALLOW_UNVALIDATED, "1")
+    manifest.catalog(refresh=True)
+    assert main(["list"]) == 0
+    assert ("ssd_chunk_cumsum[chunk_size=64,dt_dtype=bf16]: unknown (no CUDA here) [not validated on hardware; "
+            "experiments: bwd_products_ahead]\n") in capsys.readouterr().out
+
+
 def test_doctor_without_driver_exits_2(cubins, capsys):
     assert main(["doctor"]) == 2
     out = capsys.readouterr().out
@@ -55,6 +69,19 @@ def test_doctor_with_fake_device(cubins, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "ssd_chunk_cumsum[chunk_size=256,dt_dtype=fp32]: loads" in out
     assert "cuda:1 Fake GPU (sm_80)" in out and "pip install 'mamba2_aot_cubins_sm80==" in out
+
+
+def test_doctor_does_not_load_unvalidated_variants(cubins, monkeypatch, capsys):
+    mark_unvalidated(cubins, 64, experiments=())
+    fake = FakeDriver()
+    monkeypatch.setattr(driver, "_driver", fake)
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert ("ssd_chunk_cumsum[chunk_size=64,dt_dtype=fp32]: not loaded [not validated on hardware; not used unless "
+            "MAMBA2_AOT_ALLOW_UNVALIDATED=1]") in out
+    assert "ssd_chunk_cumsum[chunk_size=256,dt_dtype=fp32]: loads" in out
+    assert sorted(call[1] for call in fake.calls if call[0] == "load") == [
+        b"fake cubin mamba2_aot_cubins_sm90 256 bf16", b"fake cubin mamba2_aot_cubins_sm90 256 fp32"]
 
 
 def test_verify(cubins, capsys):

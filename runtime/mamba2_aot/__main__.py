@@ -31,6 +31,18 @@ def _print_problems(catalog) -> None:
         print(f"  PROBLEM {problem.where}: {problem.error}")
 
 
+def _unvalidated_note(catalog, variant) -> str:
+    """`` [not validated on hardware; experiments: ...; not used unless MAMBA2_AOT_ALLOW_UNVALIDATED=1]``, or ``""``."""
+    if variant.validated:
+        return ""
+    notes = ["not validated on hardware"]
+    if variant.experiments:
+        notes.append(f"experiments: {', '.join(variant.experiments)}")
+    if not catalog.usable(variant):
+        notes.append(f"not used unless {manifest.ENV_ALLOW_UNVALIDATED}=1")
+    return f" [{'; '.join(notes)}]"
+
+
 def cmd_list(_args) -> int:
     catalog = manifest.catalog()
     drv, reason = _driver_or_reason()
@@ -46,8 +58,7 @@ def cmd_list(_args) -> int:
         else:
             here = "runs here" if m.compute_capability in capabilities else "no device of this arch here"
         for v in m.variants:
-            note = "" if v.validated else " [not validated on hardware]"
-            print(f"  {v.key}: {here}{note}")
+            print(f"  {v.key}: {here}{_unvalidated_note(catalog, v)}")
     if not catalog.manifests:
         print(f"no cubin packages found (install one, e.g. {manifest.PACKAGE_PREFIX}sm90, or set "
               f"{manifest.ENV_CUBIN_DIR})")
@@ -80,6 +91,8 @@ def cmd_doctor(_args) -> int:
             print(f"  cannot run: {exc}")
             status = 1
             continue
+        for variant in sorted(catalog.held_back(catalog.for_capability(cc)), key=lambda v: v.key):
+            print(f"  {variant.key}: not loaded{_unvalidated_note(catalog, variant)}")
         for variant in sorted(variants, key=lambda v: v.key):
             plan = dispatch.PLANS.get(variant.family)
             if plan is None:
