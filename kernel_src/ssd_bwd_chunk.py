@@ -114,6 +114,9 @@ class SsdBackwardChunk:
     d_states = (64, 128, 256)
     io_dtypes = ("bf16", "fp16")
     state_dtypes = ("fp32", "bf16", "fp16")
+    # build experiments (scons experiment=NAME: cubins marked unvalidated), set by compile_variant
+    experiments = ("bwd_products_ahead",)
+    enabled_experiments = frozenset()
 
     def __init__(self, headdim: int, d_state: int, io_dtype: str, state_dtype: str):
         expect_constants(self, headdim=headdim, d_state=d_state, io_dtype=io_dtype, state_dtype=state_dtype)
@@ -151,6 +154,15 @@ class SsdBackwardChunk:
         Elsewhere _dz reads them just before their use: d_state_splits' fp32 shares, and the warp-MMA products
         (sm_100a, sm_80) without setmaxnreg, have no registers to hold them that long (both spilled)."""
         return self.warp_specialized and self.d_state_splits == 1
+
+    @property
+    def products_ahead(self) -> bool:
+        """Whether products are issued ahead and each waited for where it is first read, not at once (experiment
+        ``bwd_products_ahead``, not yet measured on hardware): a run's C·Bᵀ beside B·dh_endᵀ, C·h₀ᵀ during U's
+        pass, dB's and dC's state products as one group, dx's and y's products during the straddling sums. On the
+        warp-specialized CTA without d_state_splits: at N 256 ptxas spills with this order."""
+        return ("bwd_products_ahead" in self.enabled_experiments and self.warp_specialized
+                and self.d_state_splits == 1)
 
     @property
     def setmaxnreg_budget(self):
@@ -698,7 +710,7 @@ class SsdBackwardChunk:
             if cutlass.const_expr(self.warp_specialized):
                 role_arrive(GATED, THREADS + 32)
 
-        _accumulate(mma, sm.Q[tid, None], sm.G, sm.x, P // 16, fresh=True)   # Q = G·xᵀ
+        _accumulate(mma, [(sm.Q[tid, None], sm.G, sm.x)], P // 16, fresh=True)   # Q = G·xᵀ
         if cutlass.const_expr(not self.warp_specialized):  # (else the dD warp sums it)
             sums = self._dD_columns(sm, tid, THREADS)
             if lane < P // CHUNK:
@@ -993,7 +1005,13 @@ class SsdBackwardChunk:
         v_sum = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
         # C·Bᵀ, the same for every head of the group: a product per run costs less than parking it
         cb.fill(0.0)
-        mma.gemm(cb, sm.C, sm.B, N // 16)
+        ahead = self.products_ahead
+        mma.gemm(cb, sm.C, sm.B, N // 16, wait=not ahead)
+        leaving = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P)), Float32)  # B·dh_endᵀ
+        if cutlass.const_expr(ahead):
+            # (overwritten, not zero-filled: ptxas folds a fill only into a product waited for at once)
+            mma.gemm(leaving, sm.B, sm.dh, N // 16, wait=False, accumulate=False)
+            mma.wait(pending=1)
         _unpark(stored, sm.Q[tid, None])
         _unpark(v_sum, sm.V_sum[tid, None])
         F = mn_view(frag)
@@ -1032,14 +1050,20 @@ class SsdBackwardChunk:
         _park(v_sum, sm.V_sum[tid, None])
 
         # U = 2^(cs_end - cs_j) · B·dh_endᵀ on the run's rows: dx += Δ ⊙ U, row sums of x ⊙ U
-        tmp = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P)), Float32)
-        T_ = mn_view(tmp)
+        entering = leaving  # C·h₀ᵀ: in B·dh_endᵀ's registers once U is summed, unless issued ahead
+        if cutlass.const_expr(ahead):
+            entering = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P)), Float32)
+            entering.fill(0.0)
+            mma.gemm(entering, sm.C, sm.h0, N // 16, wait=False)
+            mma.wait(pending=1)
+        else:
+            leaving.fill(0.0)
+            mma.gemm(leaving, sm.B, sm.dh, N // 16)
+        T_ = mn_view(leaving)
         dX = mn_view(acc_dx)
         coords_p = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P))))
         x_rows = mn_view(mma.thr.partition_C(sm.x))  # the thread's (row, column pair) entries of the tiles
         G_rows = mn_view(mma.thr.partition_C(sm.G))
-        tmp.fill(0.0)
-        mma.gemm(tmp, sm.B, sm.dh, N // 16)
         for r in cutlass.range_constexpr(cute.size(T_, mode=[0])):
             i = coords_p[r, 0][0]
             f = Float32(cutlass.select_((i >= s0) & (i < s1),
@@ -1054,8 +1078,12 @@ class SsdBackwardChunk:
                     T_[r, c] = u * x_pair[half]
         _row_sums(T_, coords_p, parts[2, warp_id // WARP_ROWS, None], lane)
         # y0 = e ⊙ C·h₀ᵀ on the run's rows (y's share from the entering state): row sums of G ⊙ y0
-        tmp.fill(0.0)
-        mma.gemm(tmp, sm.C, sm.h0, N // 16)
+        if cutlass.const_expr(ahead):
+            mma.wait()
+        else:
+            entering.fill(0.0)
+            mma.gemm(entering, sm.C, sm.h0, N // 16)
+        T_ = mn_view(entering)
         Y = mn_view(acc_y)
         for r in cutlass.range_constexpr(cute.size(T_, mode=[0])):
             i = coords_p[r, 0][0]
@@ -1069,8 +1097,10 @@ class SsdBackwardChunk:
                     T_[r, 2 * n + half] = y0 * g_pair[half]
         _row_sums(T_, coords_p, parts[1, warp_id // WARP_ROWS, None], lane)
         # dB += (w ⊙ x)·dh_end ; dC += (e ⊙ G)·h₀
-        _accumulate(mma, sm.dB[tid, None], sXw, transposed(sm.dh, P, N), P // 16, b_transposed=True)
-        _accumulate(mma, sm.dC[tid, None], sGe, transposed(sm.h0, P, N), P // 16, b_transposed=True)
+        state_products = [(sm.dB[tid, None], sXw, transposed(sm.dh, P, N)),
+                          (sm.dC[tid, None], sGe, transposed(sm.h0, P, N))]
+        for group in [state_products] if ahead else [[product] for product in state_products]:
+            _accumulate(mma, group, P // 16, b_transposed=True)
 
     @cute.jit
     def _finish(self, a, t, sm, mma, g2s, acc_dx, acc_y, row, h, has_next, head_dt, blk, block_start, rows, landed,
@@ -1091,6 +1121,9 @@ class SsdBackwardChunk:
                 self._load_dz_factors(t, mma, factors, row, h, blk, rows)
         fence_operands(mma)
         self._sync()
+        if cutlass.const_expr(self.products_ahead):  # (dx's and y's products run during the straddling sums)
+            self._dx_product(sm, mma, acc_dx, wait=False)
+            self._y_product(sm, mma, acc_y, wait=False)
         raw0, raw1, bias, A_next = _no_head_dt(t)
         if cutlass.const_expr(not self.warp_specialized):
             if warp_id == 0:
@@ -1105,8 +1138,10 @@ class SsdBackwardChunk:
         per_row = THREADS // TILE
         s = tid // per_row
         part = tid % per_row
-        mma.gemm(acc_dx, transposed(sm.S, TILE, TILE), transposed(sm.G, TILE, P), TILE // 16,
-                 a_transposed=True, b_transposed=True)
+        if cutlass.const_expr(self.products_ahead):
+            mma.wait()
+        else:
+            self._dx_product(sm, mma, acc_dx, wait=True)
         dX = mn_view(acc_dx)
         for r in cutlass.range_constexpr(cute.size(dX, mode=[0])):
             i = coords_p[r, 0][0]
@@ -1136,6 +1171,17 @@ class SsdBackwardChunk:
                 partials[row, blk, h, p] = total
         return raw0, raw1, bias, A_next
 
+    def _dx_product(self, sm, mma, acc_dx, wait: bool):
+        """acc_dx += Sᵀ·G (dx's product with the head's S)."""
+        P = self.columns
+        mma.gemm(acc_dx, transposed(sm.S, TILE, TILE), transposed(sm.G, TILE, P), TILE // 16,
+                 a_transposed=True, b_transposed=True, wait=wait)
+
+    def _y_product(self, sm, mma, acc_y, wait: bool):
+        """acc_y += S·x (y's share from the block's own tokens, for dz)."""
+        P = self.columns
+        mma.gemm(acc_y, sm.S, transposed(sm.x, TILE, P), TILE // 16, b_transposed=True, wait=wait)
+
     def _dz_entries(self, t, mma, row, h, blk):
         """(coordinates, dz's entries) of the thread's accumulator entries of the head's block of dz."""
         P = self.columns
@@ -1158,8 +1204,8 @@ class SsdBackwardChunk:
         """dz = y ⊙ (dout ⊙ silu'(z)), the factors as _gate left them in dz (already in ``factors`` when
         :attr:`early_dz_factors`), with y = S·x + y0 + D ⊙ x the forward's output before the gate
         (y0, the entering states' share, summed by the runs into acc_y)."""
-        P = self.columns
-        mma.gemm(acc_y, sm.S, transposed(sm.x, TILE, P), TILE // 16, b_transposed=True)
+        if cutlass.const_expr(not self.products_ahead):  # (else issued before the straddling sums)
+            self._y_product(sm, mma, acc_y, wait=True)
         Y = mn_view(acc_y)
         coords, dz_rows = self._dz_entries(t, mma, row, h, blk)
         x_rows = mn_view(mma.thr.partition_C(sm.x))
@@ -1463,17 +1509,23 @@ def _unpark(frag, src):
 
 
 @cute.jit
-def _accumulate(mma, parked, sA, sB, k_blocks: cutlass.Constexpr, a_transposed: cutlass.Constexpr = False,
+def _accumulate(mma, products, k_blocks: cutlass.Constexpr, a_transposed: cutlass.Constexpr = False,
                 b_transposed: cutlass.Constexpr = False, fresh: cutlass.Constexpr = False):
-    """parked += sA·sBᵀ (parked = sA·sBᵀ when ``fresh``) for an fp32 accumulator of shape (TILE, columns of sB)
-    parked in shared memory."""
-    acc = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, cute.size(sB, mode=[0]))), Float32)
-    if cutlass.const_expr(fresh):
-        acc.fill(0.0)
-    else:
-        _unpark(acc, parked)
-    mma.gemm(acc, sA, sB, k_blocks, a_transposed=a_transposed, b_transposed=b_transposed)
-    _park(acc, parked)
+    """parked += sA·sBᵀ (parked = sA·sBᵀ when ``fresh``) for each (parked, sA, sB) of ``products``: an fp32
+    accumulator of shape (TILE, columns of sB) parked in shared memory. The products are issued together, with
+    one wait."""
+    accs = []
+    for parked, sA, sB in products:
+        acc = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, cute.size(sB, mode=[0]))), Float32)
+        if cutlass.const_expr(fresh):
+            acc.fill(0.0)
+        else:
+            _unpark(acc, parked)
+        mma.gemm(acc, sA, sB, k_blocks, a_transposed=a_transposed, b_transposed=b_transposed, wait=False)
+        accs.append(acc)
+    mma.wait()
+    for acc, (parked, _, _) in zip(accs, products):
+        _park(acc, parked)
 
 
 @cute.jit

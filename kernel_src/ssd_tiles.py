@@ -171,7 +171,7 @@ class MmaParts:
             cute.copy(copy_B, src_B[None, None, k], dst_B[None, None, k])
             cute.gemm(self.tiled, acc, frag_A[None, None, k], frag_B[None, None, k], acc)
 
-    def wait(self):
+    def wait(self, pending: int = 0):
         """(Warp MMAs are synchronous: nothing to wait for.)"""
 
 
@@ -238,9 +238,9 @@ class WarpgroupMmaParts:
         if cutlass.const_expr(wait):
             warpgroup.wait_group(0)
 
-    def wait(self):
-        """Wait for every product issued so far (``gemm(..., wait=False)``)."""
-        warpgroup.wait_group(0)
+    def wait(self, pending: int = 0):
+        """Wait for the products issued so far (``gemm(..., wait=False)``), all but the last ``pending`` of them."""
+        warpgroup.wait_group(pending)
 
     @cute.jit
     def accumulator_operand(self, acc, k: cutlass.Constexpr):

@@ -286,3 +286,24 @@ def test_ssd_fwd_takes_warpgroup_mma_only_on_sm90a(two_clean_builds):
             assert ("HGMMA" in sass) == warpgroup and ("HMMA" in sass.replace("HGMMA", "")) != warpgroup, v["key"]
             seen.add(warpgroup)
     assert seen == {True, False}
+
+
+def test_the_chunk_kernels_products_ahead_experiment_builds_unvalidated_with_fewer_waits(tmp_path):
+    """``experiment=bwd_products_ahead`` (ssd_bwd_chunk's products issued ahead, not yet measured on hardware) keeps
+    compiling through every cubin check, is marked unvalidated, and issues the same products with fewer waits; the
+    default build of the same variant is untouched by it."""
+    constants = {"headdim": 64, "d_state": 64, "io_dtype": "bf16", "state_dtype": "fp32"}
+    built = {}
+    for experiments in ([], ["--experiment", "bwd_products_ahead"]):
+        cubin, meta = tmp_path / f"{len(experiments)}.cubin", tmp_path / f"{len(experiments)}.json"
+        subprocess.run([sys.executable, "-m", "kernel_src.compile_variant", "--family", "ssd_bwd_chunk",
+                        "--constants", json.dumps(constants), "--arch", "sm_90a", "--cubin", str(cubin),
+                        "--meta", str(meta), *experiments], cwd=ROOT, check=True, capture_output=True,
+                       env={**os.environ, "CUTE_DSL_DISABLE_FILE_CACHING": "1"})
+        sass = cubin_checks.sass(cubin.read_bytes(), toolchain.cuobjdump())
+        built[bool(experiments)] = (json.loads(meta.read_text()), len(re.findall(r"\bHGMMA\.", sass)),
+                                    len(re.findall(r"\bWARPGROUP\.DEPBAR\b", sass)))
+    (default, mmas, waits), (ahead, ahead_mmas, ahead_waits) = built[False], built[True]
+    assert default["validated"] is True and "experiments" not in default
+    assert ahead["validated"] is False and ahead["experiments"] == ["bwd_products_ahead"]
+    assert ahead_mmas == mmas and ahead_waits < waits
