@@ -1,0 +1,124 @@
+"""Two builds of our own cubins, A and B, measured alternately at the reference shapes: a kernel change's A/B.
+
+    PYTHONPATH=runtime python bench/ab.py ssd_bwd A_DIR B_DIR [--rounds 3] [SHAPE_POSITION ...]
+
+``A_DIR`` / ``B_DIR`` are cubin directories as ``MAMBA2_AOT_CUBIN_DIR`` takes them (a build's ``build/stage``). Each
+round runs A, then B (B first in odd rounds), each in a fresh process with that directory only, unvalidated variants
+allowed (an ``experiment=`` build's). Per shape and build: the CUDA-graph time of the call (ssd_fwd: the forward;
+ssd_bwd: the backward alone, after one forward per input set), each kernel's device time per call (torch.profiler,
+by family), and a sha256 of every output of one fixed call: the builds' outputs are bitwise equal, or the change
+altered the arithmetic; a build's outputs that differ between its rounds are not deterministic. Shapes: positions
+in ``bench_ssd_fwd.REFERENCE_SHAPES`` (all four by default).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import multiprocessing
+import os
+import statistics
+
+import torch
+
+from bench_ssd_bwd import _grads, backward_floor_bytes
+from bench_ssd_fwd import REFERENCE_SHAPES, make_inputs
+from common import graph_time_us, rotation
+
+PROFILED_CALLS = 5
+
+
+def _family_of(symbols: dict, name: str) -> str:
+    for symbol, family in symbols.items():
+        if symbol in name or name in symbol:
+            return family
+    return name[:40]
+
+
+def _measure(family: str, cubin_dir: str, positions: list[int], queue) -> None:
+    """In a fresh process: every picked shape with the cubins of ``cubin_dir`` only (see the module docstring)."""
+    os.environ["MAMBA2_AOT_CUBIN_DIR"] = cubin_dir
+    os.environ["MAMBA2_AOT_ALLOW_UNVALIDATED"] = "1"
+    from mamba2_aot import manifest, runtime
+    symbols = {v.kernel: v.family for m in manifest.catalog().manifests for v in m.variants}
+    results = []
+    for s in (REFERENCE_SHAPES[p] for p in positions):
+        n = rotation(3 * backward_floor_bytes(s), most=8)
+        sets = [make_inputs(s, seed=i) for i in range(n)]
+        outs = [torch.empty_like(x["x"]) for x in sets]
+        douts = [torch.randn_like(x["x"]) for x in sets]
+        grads = [_grads(x) for x in sets]
+        size = max(runtime.workspace_size(f, x=sets[0]["x"], B=sets[0]["B"]) for f in ("ssd_fwd", "ssd_bwd"))
+        workspace = torch.empty(max(size, 4) // 4, device="cuda")
+
+        def forward(i):
+            runtime.launch("ssd_fwd", **sets[i], out=outs[i], chunk_size=s.Q, dt_softplus=True, workspace=workspace)
+
+        def backward(i):
+            runtime.launch("ssd_bwd", **sets[i], dout=douts[i], workspace=workspace, dt_softplus=True, **grads[i])
+        timed = forward if family == "ssd_fwd" else backward
+        for i in range(n):
+            forward(i)
+        timed(0)
+        torch.cuda.synchronize()
+        outputs = {"out": outs[0]} if family == "ssd_fwd" else grads[0]
+        digests = {name: hashlib.sha256(t.cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
+                   for name, t in outputs.items()}
+        us = graph_time_us(timed, n)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for i in range(PROFILED_CALLS):
+                timed(i % n)
+            torch.cuda.synchronize()
+        kernels: dict[str, float] = {}
+        for event in prof.key_averages():
+            total = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0)
+            if total > 0:
+                key = _family_of(symbols, event.key)
+                kernels[key] = kernels.get(key, 0.0) + total / PROFILED_CALLS
+        results.append({"shape": s.name, "us": us, "kernels": kernels, "digests": digests})
+    queue.put(results)
+
+
+def _run(family: str, cubin_dir: str, positions: list[int]) -> list[dict]:
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    child = ctx.Process(target=_measure, args=(family, cubin_dir, positions, queue))
+    child.start()
+    child.join()
+    if child.exitcode != 0 or queue.empty():
+        raise RuntimeError(f"measuring {cubin_dir} failed (exit code {child.exitcode})")
+    return queue.get()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("family", choices=("ssd_fwd", "ssd_bwd"))
+    parser.add_argument("a_dir")
+    parser.add_argument("b_dir")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("positions", type=int, nargs="*")
+    args = parser.parse_intermixed_args(argv)
+    positions = args.positions or list(range(len(REFERENCE_SHAPES)))
+    runs = {"A": [], "B": []}
+    for r in range(args.rounds):
+        for label in ("AB" if r % 2 == 0 else "BA"):
+            runs[label].append(_run(args.family, args.a_dir if label == "A" else args.b_dir, positions))
+    for k, position in enumerate(positions):
+        name = REFERENCE_SHAPES[position].name
+        a_us = statistics.median(run[k]["us"] for run in runs["A"])
+        b_us = statistics.median(run[k]["us"] for run in runs["B"])
+        print(f"{name}\n  {args.family}: A {a_us:8.1f}  B {b_us:8.1f} us  ({100 * (b_us / a_us - 1):+.1f} %)")
+        for kernel in sorted(runs["A"][0][k]["kernels"]):
+            a_k = statistics.median(run[k]["kernels"].get(kernel, float("nan")) for run in runs["A"])
+            b_k = statistics.median(run[k]["kernels"].get(kernel, float("nan")) for run in runs["B"])
+            print(f"    {kernel:<40} A {a_k:8.1f}  B {b_k:8.1f} us  ({100 * (b_k / a_k - 1):+.1f} %)")
+        digests = {label: {str(run[k]["digests"]) for run in runs[label]} for label in runs}
+        for label in runs:
+            if len(digests[label]) > 1:
+                print(f"  NOT DETERMINISTIC: build {label}'s outputs differ between rounds")
+        same = digests["A"] == digests["B"] and len(digests["A"]) == 1
+        print(f"  outputs A vs B: {'bitwise equal' if same else 'DIFFER'}"
+              + ("" if same else f"  A {runs['A'][0][k]['digests']}\n  B {runs['B'][0][k]['digests']}"), flush=True)
+
+
+if __name__ == "__main__":
+    main()
