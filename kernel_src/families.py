@@ -81,11 +81,13 @@ def known_experiments() -> list[str]:
 def new_kernel(family: str, constants: dict, arch: str, experiments=()):
     """The family's kernel for ``constants`` as the build compiles it for ``arch``: with ``target_arch`` (a kernel may
     specialise on it: ssd_fwd's warpgroup MMAs on sm_90a, its scan slots) and ``enabled_experiments``, the
-    requested experiments the class implements (an empty frozenset when none: kernel code tests
-    ``"name" in self.enabled_experiments``)."""
+    requested experiments the class implements and, when the class has ``experiment_applies(name)``, that change
+    this variant's code (an empty frozenset when none: kernel code tests ``"name" in self.enabled_experiments``;
+    a variant an experiment leaves as it is stays validated)."""
     kernel = kernel_class(family)(**constants)
     kernel.target_arch = arch
-    kernel.enabled_experiments = applied_experiments(family, experiments)
+    applies = getattr(kernel, "experiment_applies", lambda name: True)
+    kernel.enabled_experiments = frozenset(filter(applies, applied_experiments(family, experiments)))
     return kernel
 
 

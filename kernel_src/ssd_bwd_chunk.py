@@ -155,14 +155,18 @@ class SsdBackwardChunk:
         (sm_100a, sm_80) without setmaxnreg, have no registers to hold them that long (both spilled)."""
         return self.warp_specialized and self.d_state_splits == 1
 
+    def experiment_applies(self, name: str) -> bool:
+        """Whether build experiment ``name`` changes this variant (families.new_kernel): bwd_products_ahead needs
+        wgmma's asynchronous products, on the warp-specialized CTA without d_state_splits (at N 256 ptxas spills
+        with it)."""
+        return self.warp_specialized and self.d_state_splits == 1
+
     @property
     def products_ahead(self) -> bool:
         """Whether products are issued ahead and each waited for where it is first read, not at once (experiment
         ``bwd_products_ahead``, not yet measured on hardware): a run's C·Bᵀ beside B·dh_endᵀ, C·h₀ᵀ during U's
-        pass, dB's and dC's state products as one group, dx's and y's products during the straddling sums. On the
-        warp-specialized CTA without d_state_splits: at N 256 ptxas spills with this order."""
-        return ("bwd_products_ahead" in self.enabled_experiments and self.warp_specialized
-                and self.d_state_splits == 1)
+        pass, dB's and dC's state products as one group, dx's and y's products during the straddling sums."""
+        return "bwd_products_ahead" in self.enabled_experiments
 
     @property
     def setmaxnreg_budget(self):

@@ -307,3 +307,7 @@ def test_the_chunk_kernels_products_ahead_experiment_builds_unvalidated_with_few
     assert default["validated"] is True and "experiments" not in default
     assert ahead["validated"] is False and ahead["experiments"] == ["bwd_products_ahead"]
     assert ahead_mmas == mmas and ahead_waits < waits
+    # where it would change nothing (warp MMAs, N 256's parts), the variant is built as by default, and validated
+    for arch, d_state in (("sm_100a", 64), ("sm_90a", 256)):
+        kernel = families.new_kernel("ssd_bwd_chunk", {**constants, "d_state": d_state}, arch, ["bwd_products_ahead"])
+        assert kernel.enabled_experiments == frozenset() and not kernel.products_ahead

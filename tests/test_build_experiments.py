@@ -40,10 +40,18 @@ class Spilling(Experimental):
     min_ctas_per_sm, min_ctas_floor = 2, 1
 
 
+class Narrow(Experimental):
+    """Takes its experiments only where they change its code: at size 64."""
+
+    def experiment_applies(self, name):
+        return self.size == 64
+
+
 @pytest.fixture
 def fake_build(monkeypatch):
     """The fake families above, compiled by stand-ins; returns the kernels ``_compile`` was given."""
-    classes = {"plain": Plain, "experimental": Experimental, "untested": Untested, "spilling": Spilling}
+    classes = {"plain": Plain, "experimental": Experimental, "untested": Untested, "spilling": Spilling,
+               "narrow": Narrow}
     monkeypatch.setattr(families, "FAMILIES", {name: f"fake:{cls.__name__}" for name, cls in classes.items()})
     monkeypatch.setattr(families, "kernel_class", classes.__getitem__)
     compiled = []
@@ -64,8 +72,8 @@ def fake_build(monkeypatch):
     return compiled
 
 
-def _entry(family, experiments=()):
-    return compile_variant.compile_variant(family, {"size": 64}, "sm_100a", experiments)[1]
+def _entry(family, experiments=(), size=64):
+    return compile_variant.compile_variant(family, {"size": size}, "sm_100a", experiments)[1]
 
 
 def test_an_experiment_applies_only_to_the_classes_that_declare_it(fake_build):
@@ -109,3 +117,11 @@ def test_known_and_applied_experiments(fake_build):
     assert families.known_experiments() == ["ahead", "wide"]
     assert families.applied_experiments("spilling", ["wide", "nope"]) == frozenset({"wide"})
     assert families.applied_experiments("plain", ["wide"]) == frozenset()
+
+
+def test_a_variant_the_experiment_leaves_as_it_is_stays_validated(fake_build):
+    entry = _entry("narrow", ["wide"])
+    assert fake_build[-1].enabled_experiments == frozenset({"wide"}) and entry["experiments"] == ["wide"]
+    entry = _entry("narrow", ["wide"], size=128)
+    assert fake_build[-1].enabled_experiments == frozenset()
+    assert set(entry) == DEFAULT_FIELDS and entry["validated"] is True
