@@ -29,6 +29,9 @@ class ChunkCumsum:
     grid_rule = "chunks,batch,heads/4"
     chunk_sizes = (64, 128, 256)
     dt_dtypes = ("bf16", "fp16", "fp32")
+    # build experiments (scons experiment=NAME: cubins marked unvalidated), set by compile_variant
+    experiments = ("cumsum_loads_first",)
+    enabled_experiments = frozenset()
 
     def __init__(self, chunk_size: int, dt_dtype: str):
         expect_constants(self, chunk_size=chunk_size, dt_dtype=dt_dtype)
@@ -78,12 +81,24 @@ class ChunkCumsum:
             bias = Float32(0.0)
             if a.has_dt_bias != 0:
                 bias = mbias[h]
+            rows = self.chunk_size // WARP
+            loads_first = "cumsum_loads_first" in self.enabled_experiments
+            raw = []
+            if cutlass.const_expr(loads_first):
+                # (experiment, not yet measured: every row's dt loaded before the first store, at a clamped position,
+                # so that the loads are in flight together: a load under the row's bound check, or after a store to
+                # dt_out that might alias dt, waits its full latency in turn)
+                last = a.seqlen - 1
+                raw = [mdt[b, cute.math.min(c * self.chunk_size + row * WARP + lane, last), h] for row in range(rows)]
             carry = Float32(0.0)
-            for row in cutlass.range_constexpr(self.chunk_size // WARP):
+            for row in cutlass.range_constexpr(rows):
                 t = row * WARP + lane
                 pos = c * self.chunk_size + t
                 delta = Float32(0.0)
-                if pos < a.seqlen:
+                if cutlass.const_expr(loads_first):
+                    delta = Float32(cutlass.select_(pos < a.seqlen, delta_from_dt(
+                        raw[row].to(Float32), bias, a.dt_softplus, a.dt_min, a.dt_max), Float32(0.0)))
+                elif pos < a.seqlen:
                     delta = delta_from_dt(mdt[b, pos, h].to(Float32), bias, a.dt_softplus, a.dt_min, a.dt_max)
                 # Past the end of the sequence Δ is exactly 0, so the cumsum stays flat (no 0·inf from A).
                 running = warp_inclusive_scan(delta * A_h, lane) + carry

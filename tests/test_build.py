@@ -23,11 +23,13 @@ from kernel_src import cubin_checks, families, toolchain  # noqa: E402
 FAMILY, CONSTANTS = "ssd_chunk_cumsum", {"chunk_size": 64, "dt_dtype": "bf16"}
 
 
-def _compile(tmp_path, arch):
+def _compile(tmp_path, arch, family=FAMILY, constants=CONSTANTS, experiments=()):
     """Compile one variant the way the build does (its own process); return (cubin bytes, manifest entry)."""
-    cubin, meta = tmp_path / f"{arch}.cubin", tmp_path / f"{arch}.json"
-    subprocess.run([sys.executable, "-m", "kernel_src.compile_variant", "--family", FAMILY,
-                    "--constants", json.dumps(CONSTANTS), "--arch", arch, "--cubin", str(cubin), "--meta", str(meta)],
+    stem = "-".join([arch, family, *experiments])
+    cubin, meta = tmp_path / f"{stem}.cubin", tmp_path / f"{stem}.json"
+    subprocess.run([sys.executable, "-m", "kernel_src.compile_variant", "--family", family,
+                    "--constants", json.dumps(constants), "--arch", arch, "--cubin", str(cubin), "--meta", str(meta),
+                    *[arg for name in experiments for arg in ("--experiment", name)]],
                    cwd=ROOT, check=True, capture_output=True, env={**os.environ, "CUTE_DSL_DISABLE_FILE_CACHING": "1"})
     return cubin.read_bytes(), json.loads(meta.read_text())
 
@@ -294,14 +296,10 @@ def test_the_chunk_kernels_products_ahead_experiment_builds_unvalidated_with_few
     default build of the same variant is untouched by it."""
     constants = {"headdim": 64, "d_state": 64, "io_dtype": "bf16", "state_dtype": "fp32"}
     built = {}
-    for experiments in ([], ["--experiment", "bwd_products_ahead"]):
-        cubin, meta = tmp_path / f"{len(experiments)}.cubin", tmp_path / f"{len(experiments)}.json"
-        subprocess.run([sys.executable, "-m", "kernel_src.compile_variant", "--family", "ssd_bwd_chunk",
-                        "--constants", json.dumps(constants), "--arch", "sm_90a", "--cubin", str(cubin),
-                        "--meta", str(meta), *experiments], cwd=ROOT, check=True, capture_output=True,
-                       env={**os.environ, "CUTE_DSL_DISABLE_FILE_CACHING": "1"})
-        sass = cubin_checks.sass(cubin.read_bytes(), toolchain.cuobjdump())
-        built[bool(experiments)] = (json.loads(meta.read_text()), len(re.findall(r"\bHGMMA\.", sass)),
+    for experiments in ((), ("bwd_products_ahead",)):
+        cubin, entry = _compile(tmp_path, "sm_90a", "ssd_bwd_chunk", constants, experiments)
+        sass = cubin_checks.sass(cubin, toolchain.cuobjdump())
+        built[bool(experiments)] = (entry, len(re.findall(r"\bHGMMA\.", sass)),
                                     len(re.findall(r"\bWARPGROUP\.DEPBAR\b", sass)))
     (default, mmas, waits), (ahead, ahead_mmas, ahead_waits) = built[False], built[True]
     assert default["validated"] is True and "experiments" not in default
@@ -311,3 +309,16 @@ def test_the_chunk_kernels_products_ahead_experiment_builds_unvalidated_with_few
     for arch, d_state in (("sm_100a", 64), ("sm_90a", 256)):
         kernel = families.new_kernel("ssd_bwd_chunk", {**constants, "d_state": d_state}, arch, ["bwd_products_ahead"])
         assert kernel.enabled_experiments == frozenset() and not kernel.products_ahead
+
+
+def test_the_cumsum_loads_first_experiment_issues_every_load_before_the_first_store(tmp_path):
+    """``experiment=cumsum_loads_first`` (ssd_chunk_cumsum's dt rows loaded together, not yet measured on hardware):
+    in its SASS every global load comes before the first global store; by default a row's load waits behind its
+    bound check and the stores before it."""
+    constants = {"chunk_size": 256, "dt_dtype": "bf16"}
+    for experiments, loads_first in (((), False), (("cumsum_loads_first",), True)):
+        cubin, entry = _compile(tmp_path, "sm_90a", "ssd_chunk_cumsum", constants, experiments)
+        sass = cubin_checks.sass(cubin, toolchain.cuobjdump())
+        last_load = max(m.start() for m in re.finditer(r"\bLDG\.", sass))
+        assert (last_load < sass.index("STG.")) == loads_first
+        assert entry["validated"] is not loads_first
