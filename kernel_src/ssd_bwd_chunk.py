@@ -159,14 +159,15 @@ class SsdBackwardChunk:
         """Whether build experiment ``name`` changes this variant (families.new_kernel): bwd_products_ahead needs
         wgmma's asynchronous products, on the warp-specialized CTA without d_state_splits (at N 256 ptxas spills
         with it)."""
-        return self.warp_specialized and self.d_state_splits == 1
+        return name == "bwd_products_ahead" and self.warp_specialized and self.d_state_splits == 1
 
     @property
     def products_ahead(self) -> bool:
         """Whether products are issued ahead and each waited for where it is first read, not at once (experiment
         ``bwd_products_ahead``, not yet measured on hardware): a run's C·Bᵀ beside B·dh_endᵀ, C·h₀ᵀ during U's
         pass, dB's and dC's state products as one group, dx's and y's products during the straddling sums."""
-        return "bwd_products_ahead" in self.enabled_experiments
+        name = "bwd_products_ahead"
+        return name in self.enabled_experiments and self.experiment_applies(name)
 
     @property
     def setmaxnreg_budget(self):
@@ -1013,7 +1014,7 @@ class SsdBackwardChunk:
         mma.gemm(cb, sm.C, sm.B, N // 16, wait=not ahead)
         leaving = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P)), Float32)  # B·dh_endᵀ
         if cutlass.const_expr(ahead):
-            # (overwritten, not zero-filled: ptxas folds a fill only into a product waited for at once)
+            # (overwritten, not zero-filled: issued ahead, its fill was not always folded into the product by ptxas)
             mma.gemm(leaving, sm.B, sm.dh, N // 16, wait=False, accumulate=False)
             mma.wait(pending=1)
         _unpark(stored, sm.Q[tid, None])
