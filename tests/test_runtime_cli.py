@@ -47,7 +47,7 @@ def test_list_marks_unvalidated_variants(cubins, monkeypatch, capsys):
     mark_unvalidated(cubins, 64)
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    assert ("ssd_chunk_cumsum[chunk_size=64,dt_dtype=bf16]: unknown (no CUDA here) [not validated on hardware; "
+    assert ("ssd_chunk_cumsum[chunk_size=64,dt_dtype=bf16]: not used [not validated on hardware; "
             "experiments: bwd_products_ahead; not used unless MAMBA2_AOT_ALLOW_UNVALIDATED=1]\n") in out
     assert "ssd_chunk_cumsum[chunk_size=256,dt_dtype=bf16]: unknown (no CUDA here)\n" in out
     monkeypatch.setenv(manifest.ENV_ALLOW_UNVALIDATED, "1")

@@ -73,6 +73,9 @@ def test_unknown_schema(tmp_path):
     (lambda d: d.update(compute_capability="9.0"), "'compute_capability' should be list"),
     (lambda d: d["variants"][0].update(experiments="bwd_products_ahead"), "'experiments' should be list"),
     (lambda d: d["variants"][0].update(experiments=[1]), "'experiments' should be a list of strings"),
+    (lambda d: d["variants"][0].update(validated="false"), "'validated' should be bool"),
+    (lambda d: d["variants"][0].update(experiments=["bwd_products_ahead"]), "built with the experiments .* but marked "
+                                                                            "validated"),
 ])
 def test_schema_errors(tmp_path, change, message):
     pkg = write_cubin_dir(tmp_path)
@@ -241,18 +244,19 @@ def test_listings_keep_unvalidated_variants_apart(tmp_path):
         catalog.find("ssd_chunk_cumsum", {"chunk_size": 128, "dt_dtype": "bf16"}, (9, 0))
     assert not isinstance(info.value, UnvalidatedVariantError)
     assert str(info.value).endswith(
-        "Built ssd_chunk_cumsum variants for sm_90: [chunk_size=64, dt_dtype=bf16]; [chunk_size=64, dt_dtype=fp32] "
+        "Built ssd_chunk_cumsum variants for sm_90: [chunk_size=64, dt_dtype=bf16]; [chunk_size=64, dt_dtype=fp32]. "
         "Unvalidated builds, not used unless MAMBA2_AOT_ALLOW_UNVALIDATED=1: [chunk_size=256, dt_dtype=bf16]; "
         "[chunk_size=256, dt_dtype=fp32]")
     with pytest.raises(VariantNotFoundError) as info:
         catalog.require_built("ssd_chunk_cumsum", manifest.constants_key({"chunk_size": 128, "dt_dtype": "bf16"}))
     assert str(info.value).endswith(
         "Built ssd_chunk_cumsum variants: [chunk_size=64, dt_dtype=bf16] (sm_90a); [chunk_size=64, dt_dtype=fp32] "
-        "(sm_90a) Unvalidated builds, not used unless MAMBA2_AOT_ALLOW_UNVALIDATED=1: [chunk_size=256, dt_dtype=bf16] "
+        "(sm_90a). Unvalidated builds, not used unless MAMBA2_AOT_ALLOW_UNVALIDATED=1: [chunk_size=256, dt_dtype=bf16] "
         "(sm_90a); [chunk_size=256, dt_dtype=fp32] (sm_90a)")
 
 
-@pytest.mark.parametrize("allow,allowed", [("1", True), ("true", True), ("yes", True), ("0", False), ("", False)])
+@pytest.mark.parametrize("allow,allowed", [("1", True), ("true", True), ("yes", True), ("TRUE", True), (" 1 ", True),
+                                           ("0", False), ("", False), ("on", False)])
 def test_unvalidated_variant_is_used_when_allowed(tmp_path, allow, allowed):
     mark_unvalidated(write_cubin_dir(tmp_path), 256)
     catalog = _catalog(tmp_path, allow)

@@ -58,7 +58,7 @@ def cmd_list(_args) -> int:
         else:
             here = "runs here" if m.compute_capability in capabilities else "no device of this arch here"
         for v in m.variants:
-            print(f"  {v.key}: {here}{_unvalidated_note(catalog, v)}")
+            print(f"  {v.key}: {here if catalog.usable(v) else 'not used'}{_unvalidated_note(catalog, v)}")
     if not catalog.manifests:
         print(f"no cubin packages found (install one, e.g. {manifest.PACKAGE_PREFIX}sm90, or set "
               f"{manifest.ENV_CUBIN_DIR})")

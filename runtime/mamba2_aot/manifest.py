@@ -73,8 +73,9 @@ def format_constants(constants) -> str:
 
 
 def env_flag(name: str, environ=os.environ) -> bool:
-    """Whether the environment variable ``name`` is set to ``1``, ``true`` or ``yes``."""
-    return environ.get(name, "") in ("1", "true", "yes")
+    """Whether the environment variable ``name`` is set to ``1``, ``true`` or ``yes`` (any case, spaces around
+    ignored)."""
+    return environ.get(name, "").strip().lower() in ("1", "true", "yes")
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,16 @@ def _names(obj: dict, key: str, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _validation(row: dict, where: str) -> dict:
+    """The optional ``experiments`` (absent: none) and ``validated`` (a JSON boolean; absent: True) fields. An entry
+    built with experiments must say false: anything else would let an experiment's cubin run without the opt-in."""
+    experiments = _names(row, "experiments", where)
+    validated = _get(row, "validated", bool, where) if "validated" in row else True
+    if validated and experiments:
+        raise ManifestError(f"{where}: built with the experiments {list(experiments)} but marked validated")
+    return {"validated": validated, "experiments": experiments}
+
+
 def _parse_params(rows: list, where: str) -> tuple[Param, ...]:
     params, end = [], 0
     for row in rows:
@@ -210,8 +221,7 @@ def parse_manifest(data: dict, path: Path, *, expected_version: str = __version_
             static_smem=row.get("static_smem", 0),
             grid=_get(row, "grid", str, vwhere),
             params=_parse_params(_get(row, "params", list, vwhere), vwhere),
-            validated=bool(row.get("validated", True)),
-            experiments=_names(row, "experiments", vwhere),
+            **_validation(row, vwhere),
             manifest=manifest,
         ))
     object.__setattr__(manifest, "variants", tuple(variants))
@@ -372,7 +382,7 @@ def _unvalidated_note(held_back: list[Variant], *, with_arch: bool = False) -> s
     """What a listing of usable variants leaves out: `` Unvalidated builds, not used unless ...: [...]``, or ``""``."""
     if not held_back:
         return ""
-    return f" Unvalidated builds, not used unless {ENV_ALLOW_UNVALIDATED}=1: {_listing(held_back, with_arch=with_arch)}"
+    return f". Unvalidated builds, not used unless {ENV_ALLOW_UNVALIDATED}=1: {_listing(held_back, with_arch=with_arch)}"
 
 
 def _listing(variants, *, with_arch: bool = False) -> str:
