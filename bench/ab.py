@@ -20,8 +20,10 @@ import statistics
 
 import torch
 
+from pathlib import Path
+
 from bench_ssd_bwd import _grads, backward_floor_bytes
-from bench_ssd_fwd import REFERENCE_SHAPES, make_inputs
+from bench_ssd_fwd import REFERENCE_SHAPES, floor_bytes, make_inputs
 from common import graph_time_us, rotation
 
 PROFILED_CALLS = 5
@@ -39,19 +41,26 @@ def _measure(family: str, cubin_dir: str, positions: list[int], queue) -> None:
     os.environ["MAMBA2_AOT_CUBIN_DIR"] = cubin_dir
     os.environ["MAMBA2_AOT_ALLOW_UNVALIDATED"] = "1"
     from mamba2_aot import manifest, runtime
-    symbols = {v.kernel: v.family for m in manifest.catalog().manifests for v in m.variants}
+    catalog = manifest.catalog()
+    foreign = [str(m.path) for m in catalog.manifests if not m.path.resolve().is_relative_to(Path(cubin_dir).resolve())]
+    if catalog.problems or foreign or not catalog.manifests:  # (else installed wheels would stand in, unnoticed)
+        raise SystemExit(f"{cubin_dir}: problems {[str(p.error) for p in catalog.problems]}, manifests from elsewhere "
+                         f"{foreign}, {len(catalog.manifests)} manifests")
+    symbols = {v.kernel: v.family for m in catalog.manifests for v in m.variants}
     results = []
     for s in (REFERENCE_SHAPES[p] for p in positions):
-        n = rotation(3 * backward_floor_bytes(s), most=8)
+        n = rotation(floor_bytes(s) if family == "ssd_fwd" else 3 * backward_floor_bytes(s), most=8)
         sets = [make_inputs(s, seed=i) for i in range(n)]
         outs = [torch.empty_like(x["x"]) for x in sets]
+        finals = [torch.empty(s.batch, s.H, s.P, s.N, device="cuda") for _ in range(n)]
         douts = [torch.randn_like(x["x"]) for x in sets]
         grads = [_grads(x) for x in sets]
         size = max(runtime.workspace_size(f, x=sets[0]["x"], B=sets[0]["B"]) for f in ("ssd_fwd", "ssd_bwd"))
         workspace = torch.empty(max(size, 4) // 4, device="cuda")
 
         def forward(i):
-            runtime.launch("ssd_fwd", **sets[i], out=outs[i], chunk_size=s.Q, dt_softplus=True, workspace=workspace)
+            runtime.launch("ssd_fwd", **sets[i], out=outs[i], final_states=finals[i], chunk_size=s.Q, dt_softplus=True,
+                           workspace=workspace)
 
         def backward(i):
             runtime.launch("ssd_bwd", **sets[i], dout=douts[i], workspace=workspace, dt_softplus=True, **grads[i])
@@ -60,7 +69,7 @@ def _measure(family: str, cubin_dir: str, positions: list[int], queue) -> None:
             forward(i)
         timed(0)
         torch.cuda.synchronize()
-        outputs = {"out": outs[0]} if family == "ssd_fwd" else grads[0]
+        outputs = {"out": outs[0], "final_states": finals[0]} if family == "ssd_fwd" else grads[0]
         digests = {name: hashlib.sha256(t.cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
                    for name, t in outputs.items()}
         us = graph_time_us(timed, n)
@@ -83,10 +92,19 @@ def _run(family: str, cubin_dir: str, positions: list[int]) -> list[dict]:
     queue = ctx.SimpleQueue()
     child = ctx.Process(target=_measure, args=(family, cubin_dir, positions, queue))
     child.start()
+    while child.is_alive() and queue.empty():
+        child.join(0.1)
+    results = None if queue.empty() else queue.get()   # (read before the join: a put waits while the pipe is full)
     child.join()
-    if child.exitcode != 0 or queue.empty():
+    if results is None:
         raise RuntimeError(f"measuring {cubin_dir} failed (exit code {child.exitcode})")
-    return queue.get()
+    return results
+
+
+def _at_least_one(value: str) -> int:
+    if int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value}: at least 1")
+    return int(value)
 
 
 def main(argv=None):
@@ -94,8 +112,8 @@ def main(argv=None):
     parser.add_argument("family", choices=("ssd_fwd", "ssd_bwd"))
     parser.add_argument("a_dir")
     parser.add_argument("b_dir")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("positions", type=int, nargs="*")
+    parser.add_argument("--rounds", type=_at_least_one, default=3)
+    parser.add_argument("positions", type=int, nargs="*", choices=range(len(REFERENCE_SHAPES)), metavar="POSITION")
     args = parser.parse_intermixed_args(argv)
     positions = args.positions or list(range(len(REFERENCE_SHAPES)))
     runs = {"A": [], "B": []}
@@ -107,7 +125,7 @@ def main(argv=None):
         a_us = statistics.median(run[k]["us"] for run in runs["A"])
         b_us = statistics.median(run[k]["us"] for run in runs["B"])
         print(f"{name}\n  {args.family}: A {a_us:8.1f}  B {b_us:8.1f} us  ({100 * (b_us / a_us - 1):+.1f} %)")
-        for kernel in sorted(runs["A"][0][k]["kernels"]):
+        for kernel in sorted({name for run in runs["A"] + runs["B"] for name in run[k]["kernels"]}):
             a_k = statistics.median(run[k]["kernels"].get(kernel, float("nan")) for run in runs["A"])
             b_k = statistics.median(run[k]["kernels"].get(kernel, float("nan")) for run in runs["B"])
             print(f"    {kernel:<40} A {a_k:8.1f}  B {b_k:8.1f} us  ({100 * (b_k / a_k - 1):+.1f} %)")
