@@ -322,3 +322,13 @@ def test_the_cumsum_loads_first_experiment_issues_every_load_before_the_first_st
         last_load = max(m.start() for m in re.finditer(r"\bLDG\.", sass))
         assert (last_load < sass.index("STG.")) == loads_first
         assert entry["validated"] is not loads_first
+
+
+@pytest.mark.parametrize("option", ["experiments=bwd_products_ahead", "archs=sm90", "experiment=no_such_experiment"])
+def test_a_misspelt_build_option_stops_the_build(option):
+    """A misspelt option (SCons would ignore it and build the defaults) or an unknown experiment name stops the build
+    before anything is compiled, naming what it knows."""
+    proc = _scons(ROOT, "-n", option)
+    assert proc.returncode != 0
+    known = "known experiments: " if option.startswith("experiment=") else "known: arch, config, experiment"
+    assert known in proc.stdout + proc.stderr
