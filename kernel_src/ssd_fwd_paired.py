@@ -85,6 +85,23 @@ def head_barrier(w, which):
 class SsdForwardPaired(SsdForward):
     family = "ssd_fwd_paired"
     d_states = (64, 128)   # (N 256 is never paired: the plan keeps it on ssd_fwd)
+    # build experiments (scons experiment=NAME: cubins marked unvalidated), set by compile_variant
+    experiments = ("fwd_scores_ahead",)
+    enabled_experiments = frozenset()
+
+    def experiment_applies(self, name: str) -> bool:
+        """Whether build experiment ``name`` changes this variant (families.new_kernel): fwd_scores_ahead on the
+        warp-specialized CTA, without an inline pass (whose blocks before the outputs issue no C·Bᵀ)."""
+        return name == "fwd_scores_ahead" and self._paired() and not self.inline_pass
+
+    @property
+    def scores_ahead(self) -> bool:
+        """Whether each block's C·Bᵀ is issued at the end of the block before's products, to run during that block's
+        outputs (experiment ``fwd_scores_ahead``, not yet measured on hardware), instead of at its own start. Its
+        tiles are published by then: both helpers publish block k + 1 after events of block k - 1 only (the module
+        docstring's hand-offs), so the earlier TR wait cannot wait on the products themselves."""
+        name = "fwd_scores_ahead"
+        return name in self.enabled_experiments and self.experiment_applies(name)
 
     @property
     def tiles_free_count(self):
@@ -232,9 +249,15 @@ class SsdForwardPaired(SsdForward):
             for blk in range(blk_first, blk_out):
                 self._states_block(storage, mma, acc_h, staging, w, walk_barrier, blk, blk - blk_first, first, end,
                                    tid, io_type)
+        scores = None  # (with scores_ahead: each block's C·Bᵀ, issued by the block before; the first's here)
+        if cutlass.const_expr(self.scores_ahead):
+            scores = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
+            self._issue_scores(storage, mma, scores, w, blk_out - blk_first, blk_out < blk_end)
         for blk in range(blk_out, blk_end):
             self._products_block(a, states, storage, mma, acc_h, sH, staging, w, walk_barrier, row, h, p0, blk,
-                                 blk - blk_first, start, end, stores_chunks, tid, io_type)
+                                 blk - blk_first, start, end, stores_chunks, tid, io_type, scores)
+        if cutlass.const_expr(self.scores_ahead):
+            mma.wait()  # (the product issued past the last block, on whatever its slot holds: never read)
         if segment == a.segments - 1:
             self._end_sequence(a, states, mma, acc_h, seq, h, p0, state_type)
         if (a.has_segment_flags != 0) & (segment < a.segments - 1):  # (ssd_fwd's _set_flag on the warpgroup's barrier)
@@ -245,13 +268,17 @@ class SsdForwardPaired(SsdForward):
 
     @cute.jit
     def _products_block(self, a, states, storage, mma, acc_h, sH, staging, w, walk_barrier, row, h, p0, blk, k, start,
-                        end, stores_chunks, tid, io_type: cutlass.Constexpr):
+                        end, stores_chunks, tid, io_type: cutlass.Constexpr, scores=None):
         """Block blk (the walk's k-th): the products once its tiles are published, y finished and staged, h₀ of the
-        next block staged."""
-        sB, sC, sX, sDelta, sCs, sXw, block_start, s0, s1 = self._block_tiles(storage, w, blk, k, start, end)
+        next block staged. ``scores``: its C·Bᵀ, issued by the block before (:attr:`scores_ahead`)."""
+        ahead = scores is not None
+        sB, sC, sX, sDelta, sCs, sXw, block_start, s0, s1 = self._block_tiles(storage, w, blk, k, start, end,
+                                                                               published=ahead)
         # ssd_fwd's products on the warpgroup-MMA path (no S tile, y returned in registers), on the warpgroup's barrier
         acc_y = self._products((mma, acc_h, sX, sB, sC, None, sXw, None, sH, sDelta, sCs), s0, s1, tid, io_type,
-                               walk_barrier)
+                               walk_barrier, scores)
+        if cutlass.const_expr(ahead):  # the next block's C·Bᵀ runs during this block's outputs
+            self._issue_scores(storage, mma, scores, w, k + 1, (blk + 1) * TILE < end)  # (block blk + 1 < blk_end)
         if stores_chunks:
             self._store_chunk_state(a, states, mma, acc_h, row, h, p0, block_start + s1 - 1, a.seqlen)
         role_sync(head_barrier(w, Y_FREE), Y_COUNT)  # (the writers have written sD before their first arrival)
@@ -266,9 +293,10 @@ class SsdForwardPaired(SsdForward):
         role_arrive(TILES_FREE + k % BARRIER_SLOTS, self.tiles_free_count)
 
     @cute.jit
-    def _block_tiles(self, storage, w, blk, k, start, end):
-        """Block blk's (the walk's k-th) views for head w's products, once the block is published (its TR barrier):
-        (B, C, x, Δ, cumsums, weighted x, the block's first token, and its rows [s0, s1) in [start, end))."""
+    def _block_tiles(self, storage, w, blk, k, start, end, published: cutlass.Constexpr = False):
+        """Block blk's (the walk's k-th) views for head w's products, once the block is published (its TR barrier,
+        waited for here unless ``published``): (B, C, x, Δ, cumsums, weighted x, the block's first token, and its
+        rows [s0, s1) in [start, end))."""
         N = self.d_state
         sB = buffer(storage.B, k % self.ring, N)
         sC = buffer(storage.C, k % self.ring, N)
@@ -276,11 +304,23 @@ class SsdForwardPaired(SsdForward):
         sDelta = self._scan_slot(storage.delta, w, k)
         sCs = self._scan_slot(storage.cs, w, k)
         sXw = buffer(storage.weighted_x, w, P_TILE)
-        role_sync(head_barrier(w, TR) + k % BARRIER_SLOTS, TR_COUNT)
+        if cutlass.const_expr(not published):
+            role_sync(head_barrier(w, TR) + k % BARRIER_SLOTS, TR_COUNT)
         block_start = blk * TILE
         s0 = cute.math.max(start, block_start) - block_start
         s1 = cute.math.min(end, block_start + TILE) - block_start
         return sB, sC, sX, sDelta, sCs, sXw, block_start, s0, s1
+
+    @cute.jit
+    def _issue_scores(self, storage, mma, scores, w, k, exists):
+        """C·Bᵀ of the walk's k-th block into ``scores``, not waited for; its TR barrier waited for first when the block
+        ``exists`` (past the walk's last block the product still runs, on whatever its slots hold, and is never read:
+        issued under a branch, ptxas would wait after every product of the kernel)."""
+        N = self.d_state
+        if exists:
+            role_sync(head_barrier(w, TR) + k % BARRIER_SLOTS, TR_COUNT)
+        mma.gemm(scores, buffer(storage.C, k % self.ring, N), buffer(storage.B, k % self.ring, N), N // 16, wait=False,
+                 accumulate=False)
 
     @cute.jit
     def _states_block(self, storage, mma, acc_h, staging, w, walk_barrier, blk, k, first, end, tid,

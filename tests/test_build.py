@@ -334,3 +334,16 @@ def test_a_misspelt_build_option_stops_the_build(option):
     assert proc.returncode != 0
     known = "known experiments: " if option.startswith("experiment=") else "known: arch, config, experiment"
     assert known in proc.stdout + proc.stderr
+
+
+def test_the_scores_ahead_experiment_runs_the_next_blocks_product_during_the_outputs(tmp_path):
+    """``experiment=fwd_scores_ahead`` (ssd_fwd_paired: block k + 1's C·Bᵀ issued before block k's outputs, not yet
+    measured on hardware): a product is in flight when the gate's first tanh runs; by default every product has been
+    waited for by then."""
+    constants = {"headdim": 64, "d_state": 64, "io_dtype": "bf16", "state_dtype": "fp32"}
+    for experiments, ahead in (((), False), (("fwd_scores_ahead",), True)):
+        cubin, entry = _compile(tmp_path, "sm_90a", "ssd_fwd_paired", constants, experiments)
+        sass = cubin_checks.sass(cubin, toolchain.cuobjdump())
+        before_gate = sass[:sass.index("MUFU.TANH")]
+        assert (before_gate.rfind("HGMMA.") > before_gate.rfind("WARPGROUP.DEPBAR")) == ahead
+        assert entry["validated"] is not ahead
