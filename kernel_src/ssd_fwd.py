@@ -595,6 +595,7 @@ class SsdForward:
         base, cs_end = self._run_cumsums(sCs, s0, s1)
         fresh = self.overwrites_accumulators
         issued = acc_s is not None
+        assert fresh or not issued, "C·Bᵀ issued ahead must overwrite acc_s: a fill here would write it while it runs"
         if cutlass.const_expr(not issued):
             acc_s = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
         acc_y = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P_TILE)), Float32)
