@@ -10,7 +10,7 @@ The metadata JSON holds the variant's manifest entry (everything but the path pr
 prints the variant's name and exits non-zero, leaving no output files behind.
 
 ``--experiment NAME`` (repeatable) turns on a build experiment in the kernel classes that declare it (their
-``experiments`` class attribute; the kernel sees ``enabled_experiments``). A variant built with one is marked
+``experiments`` class attribute; the kernel code asks ``families.experiment_enabled``). A variant built with one is marked
 unvalidated in its entry (``"validated": false``, ``"experiments": [...]``): the runtime uses it only on request.
 """
 from __future__ import annotations

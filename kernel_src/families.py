@@ -82,13 +82,25 @@ def new_kernel(family: str, constants: dict, arch: str, experiments=()):
     """The family's kernel for ``constants`` as the build compiles it for ``arch``: with ``target_arch`` (a kernel may
     specialise on it: ssd_fwd's warpgroup MMAs on sm_90a, its scan slots) and ``enabled_experiments``, the
     requested experiments the class implements and, when the class has ``experiment_applies(name)``, that change
-    this variant's code (an empty frozenset when none: kernel code tests ``"name" in self.enabled_experiments``;
-    a variant an experiment leaves as it is stays validated)."""
+    this variant's code (an empty frozenset when none: kernel code asks :func:`experiment_enabled`; a variant an
+    experiment leaves as it is stays validated)."""
     kernel = kernel_class(family)(**constants)
     kernel.target_arch = arch
-    applies = getattr(kernel, "experiment_applies", lambda name: True)
-    kernel.enabled_experiments = frozenset(filter(applies, applied_experiments(family, experiments)))
+    kernel.enabled_experiments = frozenset(name for name in applied_experiments(family, experiments)
+                                           if _changes(kernel, name))
     return kernel
+
+
+def experiment_enabled(kernel, name: str) -> bool:
+    """Whether build experiment ``name`` is on in ``kernel`` (kernel code's test): requested by the build
+    (``enabled_experiments``, set by :func:`new_kernel`; none on a kernel made elsewhere) and changing this variant."""
+    return name in getattr(kernel, "enabled_experiments", ()) and _changes(kernel, name)
+
+
+def _changes(kernel, name: str) -> bool:
+    """The kernel's optional ``experiment_applies(name)``: whether experiment ``name`` changes this variant (default
+    yes)."""
+    return getattr(kernel, "experiment_applies", lambda _: True)(name)
 
 
 def unsupported(family: str, constants: dict, arch: str, experiments=()) -> str | None:

@@ -70,7 +70,7 @@ from cutlass import Float32, Int32
 from cutlass.experimental.primitives import cp_async_bulk_prefetch, prefetch_l2
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_input_strides, strides
-from kernel_src.families import expect_constants
+from kernel_src.families import expect_constants, experiment_enabled
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, VECTOR, async_tile_copy, block_cumsum, copy_row,
                                   count_changes, fence_operands, first_set_bit, load_tile, make_mma, mn_view,
                                   next_change, role_arrive, role_sync, scale_rows, smem_layout, store_pairs,
@@ -114,9 +114,8 @@ class SsdBackwardChunk:
     d_states = (64, 128, 256)
     io_dtypes = ("bf16", "fp16")
     state_dtypes = ("fp32", "bf16", "fp16")
-    # build experiments (scons experiment=NAME: cubins marked unvalidated), set by compile_variant
+    # build experiments (scons experiment=NAME: cubins marked unvalidated; families.experiment_enabled tells the code)
     experiments = ("bwd_products_ahead",)
-    enabled_experiments = frozenset()
 
     def __init__(self, headdim: int, d_state: int, io_dtype: str, state_dtype: str):
         expect_constants(self, headdim=headdim, d_state=d_state, io_dtype=io_dtype, state_dtype=state_dtype)
@@ -166,8 +165,7 @@ class SsdBackwardChunk:
         """Whether products are issued ahead and each waited for where it is first read, not at once (experiment
         ``bwd_products_ahead``, not yet measured on hardware): a run's C·Bᵀ beside B·dh_endᵀ, C·h₀ᵀ during U's
         pass, dB's and dC's state products as one group, dx's and y's products during the straddling sums."""
-        name = "bwd_products_ahead"
-        return name in self.enabled_experiments and self.experiment_applies(name)
+        return experiment_enabled(self, "bwd_products_ahead")
 
     @property
     def setmaxnreg_budget(self):

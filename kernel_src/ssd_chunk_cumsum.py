@@ -17,7 +17,7 @@ import cutlass.cute as cute
 from cutlass import Float32
 
 from kernel_src.abi import bind, f32, i32, ptr, strides
-from kernel_src.families import expect_constants
+from kernel_src.families import expect_constants, experiment_enabled
 from kernel_src.ssm_math import delta_from_dt, warp_inclusive_scan
 
 WARP = 32
@@ -29,9 +29,8 @@ class ChunkCumsum:
     grid_rule = "chunks,batch,heads/4"
     chunk_sizes = (64, 128, 256)
     dt_dtypes = ("bf16", "fp16", "fp32")
-    # build experiments (scons experiment=NAME: cubins marked unvalidated), set by compile_variant
+    # build experiments (scons experiment=NAME: cubins marked unvalidated; families.experiment_enabled tells the code)
     experiments = ("cumsum_loads_first",)
-    enabled_experiments = frozenset()
 
     def __init__(self, chunk_size: int, dt_dtype: str):
         expect_constants(self, chunk_size=chunk_size, dt_dtype=dt_dtype)
@@ -82,7 +81,7 @@ class ChunkCumsum:
             if a.has_dt_bias != 0:
                 bias = mbias[h]
             rows = self.chunk_size // WARP
-            loads_first = "cumsum_loads_first" in self.enabled_experiments
+            loads_first = experiment_enabled(self, "cumsum_loads_first")
             raw = []
             if cutlass.const_expr(loads_first):
                 # (experiment, not yet measured: every row's dt loaded before the first store, at a clamped position,

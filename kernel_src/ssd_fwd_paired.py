@@ -53,6 +53,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from kernel_src.abi import bind, cutlass_dtype
+from kernel_src.families import experiment_enabled
 from kernel_src.ssd_fwd import LOG2_E, P_TILE, SsdForward
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, async_tile_copy, buffer, fence_operands, load_tile, make_mma,
                                   matrix_store, mn_view, role_arrive, role_sync, scan_slot, smem_layout, store_matrices,
@@ -85,9 +86,8 @@ def head_barrier(w, which):
 class SsdForwardPaired(SsdForward):
     family = "ssd_fwd_paired"
     d_states = (64, 128)   # (N 256 is never paired: the plan keeps it on ssd_fwd)
-    # build experiments (scons experiment=NAME: cubins marked unvalidated), set by compile_variant
+    # build experiments (scons experiment=NAME: cubins marked unvalidated; families.experiment_enabled tells the code)
     experiments = ("fwd_scores_ahead",)
-    enabled_experiments = frozenset()
 
     def experiment_applies(self, name: str) -> bool:
         """Whether build experiment ``name`` changes this variant (families.new_kernel): fwd_scores_ahead on the
@@ -100,8 +100,7 @@ class SsdForwardPaired(SsdForward):
         outputs (experiment ``fwd_scores_ahead``, not yet measured on hardware), instead of at its own start. Its
         tiles are published by then: both helpers publish block k + 1 after events of block k - 1 only (the module
         docstring's hand-offs), so the earlier TR wait cannot wait on the products themselves."""
-        name = "fwd_scores_ahead"
-        return name in self.enabled_experiments and self.experiment_applies(name)
+        return experiment_enabled(self, "fwd_scores_ahead")
 
     @property
     def tiles_free_count(self):
