@@ -4,8 +4,9 @@
 
 ``A_DIR`` / ``B_DIR`` are cubin directories as ``MAMBA2_AOT_CUBIN_DIR`` takes them (a build's ``build/stage``). Each
 round runs A, then B (B first in odd rounds), each in a fresh process with that directory only, unvalidated variants
-allowed (an ``experiment=`` build's). Per shape and build: the CUDA-graph time of the call (ssd_fwd: the forward;
-ssd_bwd: the backward alone, after one forward per input set), each kernel's device time per call (torch.profiler,
+allowed (an ``experiment=`` build's). Per shape and build, with the benchmarks' own calls and input sets
+(``bench_ssd_fwd.our_forward``, ``bench_ssd_bwd.our_training_step``): the CUDA-graph time of the call (ssd_fwd: the
+forward; ssd_bwd: the backward alone, after one forward per input set), each kernel's device time per call (torch.profiler,
 by family), and a sha256 of every output of one fixed call: the builds' outputs are bitwise equal, or the change
 altered the arithmetic; a build's outputs that differ between its rounds are not deterministic. Shapes: positions
 in ``bench_ssd_fwd.REFERENCE_SHAPES`` (all four by default).
@@ -22,9 +23,9 @@ import torch
 
 from pathlib import Path
 
-from bench_ssd_bwd import _grads, backward_floor_bytes
-from bench_ssd_fwd import REFERENCE_SHAPES, floor_bytes, make_inputs
-from common import graph_time_us, rotation
+from bench_ssd_bwd import our_training_step
+from bench_ssd_fwd import REFERENCE_SHAPES, our_forward
+from common import graph_time_us
 
 PROFILED_CALLS = 5
 
@@ -40,7 +41,7 @@ def _measure(family: str, cubin_dir: str, positions: list[int], queue) -> None:
     """In a fresh process: every picked shape with the cubins of ``cubin_dir`` only (see the module docstring)."""
     os.environ["MAMBA2_AOT_CUBIN_DIR"] = cubin_dir
     os.environ["MAMBA2_AOT_ALLOW_UNVALIDATED"] = "1"
-    from mamba2_aot import manifest, runtime
+    from mamba2_aot import manifest
     catalog = manifest.catalog()
     foreign = [str(m.path) for m in catalog.manifests if not m.path.resolve().is_relative_to(Path(cubin_dir).resolve())]
     if catalog.problems or foreign or not catalog.manifests:  # (else installed wheels would stand in, unnoticed)
@@ -49,29 +50,16 @@ def _measure(family: str, cubin_dir: str, positions: list[int], queue) -> None:
     symbols = {v.kernel: v.family for m in catalog.manifests for v in m.variants}
     results = []
     for s in (REFERENCE_SHAPES[p] for p in positions):
-        n = rotation(floor_bytes(s) if family == "ssd_fwd" else 3 * backward_floor_bytes(s), most=8)
-        sets = [make_inputs(s, seed=i) for i in range(n)]
-        outs = [torch.empty_like(x["x"]) for x in sets]
-        finals = [torch.empty(s.batch, s.H, s.P, s.N, device="cuda") for _ in range(n)]
-        douts = [torch.randn_like(x["x"]) for x in sets]
-        grads = [_grads(x) for x in sets]
-        size = max(runtime.workspace_size(f, x=sets[0]["x"], B=sets[0]["B"]) for f in ("ssd_fwd", "ssd_bwd"))
-        workspace = torch.empty(max(size, 4) // 4, device="cuda")
-
-        def forward(i):
-            runtime.launch("ssd_fwd", **sets[i], out=outs[i], final_states=finals[i], chunk_size=s.Q, dt_softplus=True,
-                           workspace=workspace)
-
-        def backward(i):
-            runtime.launch("ssd_bwd", **sets[i], dout=douts[i], workspace=workspace, dt_softplus=True, **grads[i])
-        timed = forward if family == "ssd_fwd" else backward
-        for i in range(n):
-            forward(i)
+        if family == "ssd_fwd":
+            timed, n, outputs, _ = our_forward(s)
+        else:
+            forward, timed, n, outputs, _ = our_training_step(s)
+            for i in range(n):
+                forward(i)
         timed(0)
         torch.cuda.synchronize()
-        outputs = {"out": outs[0], "final_states": finals[0]} if family == "ssd_fwd" else grads[0]
         digests = {name: hashlib.sha256(t.cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
-                   for name, t in outputs.items()}
+                   for name, t in outputs(0).items()}
         us = graph_time_us(timed, n)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for i in range(PROFILED_CALLS):

@@ -39,7 +39,9 @@ def _grads(x):
             "ddt_bias": torch.empty_like(x["dt_bias"]), **({"dz": torch.empty_like(x["z"])} if "z" in x else {})}
 
 
-def bench_ours(s: Shape) -> dict:
+def our_training_step(s: Shape):
+    """Our training step on rotated input sets: (forward(i), backward(i) (after set i's forward), the number of sets,
+    set i's gradients by name, the workspace bytes)."""
     from mamba2_aot import runtime
     n = rotation(3 * backward_floor_bytes(s), most=8)
     sets = [make_inputs(s, seed=i) for i in range(n)]
@@ -55,6 +57,11 @@ def bench_ours(s: Shape) -> dict:
 
     def backward(i):
         runtime.launch("ssd_bwd", **sets[i], dout=douts[i], workspace=workspace, dt_softplus=True, **grads[i])
+    return forward, backward, n, grads.__getitem__, size
+
+
+def bench_ours(s: Shape) -> dict:
+    forward, backward, n, _, size = our_training_step(s)
 
     def step(i):
         forward(i)

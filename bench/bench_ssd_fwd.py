@@ -77,7 +77,9 @@ def _times(run, n: int, after_gemm: bool) -> dict:
     return times
 
 
-def bench_ours(s: Shape, after_gemm: bool = False) -> dict:
+def our_forward(s: Shape):
+    """Our forward on rotated input sets: (run(i), the number of sets, set i's outputs by name, the workspace
+    bytes)."""
     from mamba2_aot import runtime
     n = rotation(floor_bytes(s), most=16)
     sets = [make_inputs(s, seed=i) for i in range(n)]
@@ -89,6 +91,11 @@ def bench_ours(s: Shape, after_gemm: bool = False) -> dict:
     def run(i):
         runtime.launch("ssd_fwd", **sets[i], out=outs[i], final_states=finals[i], chunk_size=s.Q, dt_softplus=True,
                        workspace=spaces[i])
+    return run, n, lambda i: {"out": outs[i], "final_states": finals[i]}, workspace
+
+
+def bench_ours(s: Shape, after_gemm: bool = False) -> dict:
+    run, n, _, workspace = our_forward(s)
     return {**_times(run, n, after_gemm), "workspace_bytes": workspace}
 
 
