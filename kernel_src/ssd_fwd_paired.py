@@ -296,15 +296,13 @@ class SsdForwardPaired(SsdForward):
         """Block blk's (the walk's k-th) views for head w's products, once the block is published (its TR barrier,
         waited for here unless ``published``): (B, C, x, Δ, cumsums, weighted x, the block's first token, and its
         rows [s0, s1) in [start, end))."""
-        N = self.d_state
-        sB = buffer(storage.B, k % self.ring, N)
-        sC = buffer(storage.C, k % self.ring, N)
+        sB, sC = self._BC_slots(storage, k)
         sX = self._ring_tile(storage.x, w, k)
         sDelta = self._scan_slot(storage.delta, w, k)
         sCs = self._scan_slot(storage.cs, w, k)
         sXw = buffer(storage.weighted_x, w, P_TILE)
         if cutlass.const_expr(not published):
-            role_sync(head_barrier(w, TR) + k % BARRIER_SLOTS, TR_COUNT)
+            self._await_published(w, k)
         block_start = blk * TILE
         s0 = cute.math.max(start, block_start) - block_start
         s1 = cute.math.min(end, block_start + TILE) - block_start
@@ -315,11 +313,18 @@ class SsdForwardPaired(SsdForward):
         """C·Bᵀ of the walk's k-th block into ``scores``, not waited for; its TR barrier waited for first when the block
         ``exists`` (past the walk's last block the product still runs, on whatever its slots hold, and is never read:
         issued under a branch, ptxas would wait after every product of the kernel)."""
-        N = self.d_state
         if exists:
-            role_sync(head_barrier(w, TR) + k % BARRIER_SLOTS, TR_COUNT)
-        mma.gemm(scores, buffer(storage.C, k % self.ring, N), buffer(storage.B, k % self.ring, N), N // 16, wait=False,
-                 accumulate=False)
+            self._await_published(w, k)
+        sB, sC = self._BC_slots(storage, k)
+        mma.gemm(scores, sC, sB, self.d_state // 16, wait=False, accumulate=False)
+
+    def _BC_slots(self, storage, k):
+        """The B and C ring slots of the walk's k-th block (the two heads share them)."""
+        return buffer(storage.B, k % self.ring, self.d_state), buffer(storage.C, k % self.ring, self.d_state)
+
+    def _await_published(self, w, k):
+        """Head w's products wait for the walk's k-th block to be published (its TR barrier; once per block)."""
+        role_sync(head_barrier(w, TR) + k % BARRIER_SLOTS, TR_COUNT)
 
     @cute.jit
     def _states_block(self, storage, mma, acc_h, staging, w, walk_barrier, blk, k, first, end, tid,

@@ -31,7 +31,7 @@ def _print_problems(catalog) -> None:
         print(f"  PROBLEM {problem.where}: {problem.error}")
 
 
-def _unvalidated_note(catalog, variant) -> str:
+def _validation_note(catalog, variant) -> str:
     """`` [not validated on hardware; experiments: ...; not used unless MAMBA2_AOT_ALLOW_UNVALIDATED=1]``, or ``""``."""
     if variant.validated:
         return ""
@@ -58,7 +58,7 @@ def cmd_list(_args) -> int:
         else:
             here = "runs here" if m.compute_capability in capabilities else "no device of this arch here"
         for v in m.variants:
-            print(f"  {v.key}: {here if catalog.usable(v) else 'not used'}{_unvalidated_note(catalog, v)}")
+            print(f"  {v.key}: {here if catalog.usable(v) else 'not used'}{_validation_note(catalog, v)}")
     if not catalog.manifests:
         print(f"no cubin packages found (install one, e.g. {manifest.PACKAGE_PREFIX}sm90, or set "
               f"{manifest.ENV_CUBIN_DIR})")
@@ -92,7 +92,7 @@ def cmd_doctor(_args) -> int:
             status = 1
             continue
         for variant in sorted(catalog.held_back(catalog.for_capability(cc)), key=lambda v: v.key):
-            print(f"  {variant.key}: not loaded{_unvalidated_note(catalog, variant)}")
+            print(f"  {variant.key}: not loaded{_validation_note(catalog, variant)}")
         for variant in sorted(variants, key=lambda v: v.key):
             plan = dispatch.PLANS.get(variant.family)
             if plan is None:
