@@ -115,3 +115,25 @@ def test_import_needs_only_the_standard_library(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(RUNTIME)),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_list_and_doctor_say_which_source_serves_a_variant_two_sources_hold(tmp_path, monkeypatch, capsys):
+    """Two cubin dirs with the same variants, the earlier one's chunk size 64 unvalidated: ``list`` and ``doctor``
+    name the source whose build calls use, for every line of a key that appears twice."""
+    reset_runtime_state(monkeypatch)
+    first, second = write_cubin_dir(tmp_path / "first"), write_cubin_dir(tmp_path / "second")
+    mark_unvalidated(first, 64)
+    monkeypatch.setenv(manifest.ENV_CUBIN_DIR, os.pathsep.join(str(p) for p in (tmp_path / "first", tmp_path / "second")))
+    monkeypatch.setattr(driver, "_driver", FakeDriver())
+    key = "ssd_chunk_cumsum[chunk_size={},dt_dtype=bf16]"
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert (f"  {key.format(64)}: not used; calls use mamba2_aot_cubins_sm90 at {second} [not validated on hardware; "
+            "experiments: bwd_products_ahead; not used unless MAMBA2_AOT_ALLOW_UNVALIDATED=1]\n") in out
+    assert f"  {key.format(256)}: not used; calls use mamba2_aot_cubins_sm90 at {first}\n" in out
+    assert out.count(f"  {key.format(64)}: runs here\n") == 1 and out.count(f"  {key.format(256)}: runs here\n") == 1
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert (f"  {key.format(64)}: not loaded; calls use mamba2_aot_cubins_sm90 at {second} [not validated") in out
+    assert f"  {key.format(64)}: loads (mamba2_aot_cubins_sm90 at {second})\n" in out
+    assert f"  {key.format(256)}: loads (mamba2_aot_cubins_sm90 at {first})\n" in out

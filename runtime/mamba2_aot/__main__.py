@@ -43,6 +43,17 @@ def _validation_note(catalog, variant) -> str:
     return f" [{'; '.join(notes)}]"
 
 
+def _source(variant) -> str:
+    return f"{variant.manifest.package} at {variant.manifest.path.parent}"
+
+
+def _shadowed_note(catalog, variant) -> str:
+    """``"; calls use <package> at <dir>"`` when another source's build of ``variant``'s constants serves its calls
+    (an earlier source, or a validated build beside an unvalidated one held back), else ``""``."""
+    serving = catalog.serving(variant)
+    return f"; calls use {_source(serving)}" if serving is not None and serving is not variant else ""
+
+
 def cmd_list(_args) -> int:
     catalog = manifest.catalog()
     drv, reason = _driver_or_reason()
@@ -58,7 +69,8 @@ def cmd_list(_args) -> int:
         else:
             here = "runs here" if m.compute_capability in capabilities else "no device of this arch here"
         for v in m.variants:
-            print(f"  {v.key}: {here if catalog.usable(v) else 'not used'}{_validation_note(catalog, v)}")
+            status = here if catalog.serving(v) is v else "not used" + _shadowed_note(catalog, v)
+            print(f"  {v.key}: {status}{_validation_note(catalog, v)}")
     if not catalog.manifests:
         print(f"no cubin packages found (install one, e.g. {manifest.PACKAGE_PREFIX}sm90, or set "
               f"{manifest.ENV_CUBIN_DIR})")
@@ -91,18 +103,20 @@ def cmd_doctor(_args) -> int:
             print(f"  cannot run: {exc}")
             status = 1
             continue
-        for variant in sorted(catalog.held_back(catalog.for_capability(cc)), key=lambda v: v.key):
-            print(f"  {variant.key}: not loaded{_validation_note(catalog, variant)}")
+        sources = catalog.for_capability(cc)
+        for variant in sorted(catalog.held_back(sources), key=lambda v: v.key):
+            print(f"  {variant.key}: not loaded{_shadowed_note(catalog, variant)}{_validation_note(catalog, variant)}")
         for variant in sorted(variants, key=lambda v: v.key):
+            where = f" ({_source(variant)})" if len(sources) > 1 else ""  # (which of several sources serves it)
             plan = dispatch.PLANS.get(variant.family)
             if plan is None:
                 print(f"  {variant.key}: no launch plan in this runtime version")
                 continue
             try:
                 dispatch.load_kernel(drv, plan, dict(variant.constants), device)
-                print(f"  {variant.key}: loads")
+                print(f"  {variant.key}: loads{where}")
             except Mamba2AOTError as exc:
-                print(f"  {variant.key}: FAILS: {exc}")
+                print(f"  {variant.key}: FAILS{where}: {exc}")
                 status = 1
     return status
 

@@ -357,6 +357,11 @@ class Catalog:
             f"{archs}). Built {family} variants: {listing}{_unvalidated_note(held_back, with_arch=True)}"
         )
 
+    def serving(self, variant: Variant) -> Variant | None:
+        """The variant that calls with ``variant``'s family and constants use on its arch: itself, or the same
+        constants from a source earlier in precedence order; ``None`` when no source's build of them may run."""
+        return self.index(variant.manifest.compute_capability).get((variant.family, constants_key(variant.constants)))
+
     def held_back(self, manifests, family: str | None = None) -> list[Variant]:
         """The variants (of ``family``, when given) in ``manifests`` that may not run: unvalidated, not allowed."""
         return [v for m in manifests for v in m.variants
