@@ -347,3 +347,18 @@ def test_the_scores_ahead_experiment_runs_the_next_blocks_product_during_the_out
         before_gate = sass[:sass.index("MUFU.TANH")]
         assert (before_gate.rfind("HGMMA.") > before_gate.rfind("WARPGROUP.DEPBAR")) == ahead
         assert entry["validated"] is not ahead
+
+
+def test_an_experiment_that_changes_no_variant_is_reported():
+    """``experiment=fwd_scores_ahead`` on sm_100a (which declines it: no wgmma there) builds the default cubins; the
+    build says so instead of passing the request over in silence."""
+    proc = subprocess.run([sys.executable, "-m", "SCons", "-Q", "-n", "arch=sm100", "config=ci",
+                           "experiment=fwd_scores_ahead,bwd_products_ahead"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("fwd_scores_ahead", "bwd_products_ahead"):
+        assert (f"experiment={name} changes no variant of this build (config=ci, arch=sm100): its cubins are the "
+                "default build's") in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "SCons", "-Q", "-n", "arch=sm90", "config=ci",
+                           "experiment=fwd_scores_ahead"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "changes no variant" not in proc.stdout
