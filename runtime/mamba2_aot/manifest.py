@@ -358,8 +358,9 @@ class Catalog:
         )
 
     def serving(self, variant: Variant) -> Variant | None:
-        """The variant that calls with ``variant``'s family and constants use on its arch: itself, or the same
-        constants from a source earlier in precedence order; ``None`` when no source's build of them may run."""
+        """The variant that calls with ``variant``'s family and constants use on its arch: itself, or another
+        source's build of them (an earlier source's, or a later validated one where ``variant`` is held back);
+        ``None`` when no source's build of them may run."""
         return self.index(variant.manifest.compute_capability).get((variant.family, constants_key(variant.constants)))
 
     def held_back(self, manifests, family: str | None = None) -> list[Variant]:
