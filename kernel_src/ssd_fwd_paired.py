@@ -87,23 +87,12 @@ class SsdForwardPaired(SsdForward):
     family = "ssd_fwd_paired"
     d_states = (64, 128)   # (N 256 is never paired: the plan keeps it on ssd_fwd)
     # build experiments (scons experiment=NAME: cubins marked unvalidated; families.experiment_enabled tells the code)
-    experiments = ("fwd_scores_ahead", "inline_dt_ahead")
+    experiments = ("fwd_scores_ahead",)
 
     def experiment_applies(self, name: str) -> bool:
-        """Whether build experiment ``name`` changes this variant (families.new_kernel), on the warp-specialized CTA:
-        fwd_scores_ahead without an inline pass (whose blocks before the outputs issue no C·Bᵀ), inline_dt_ahead with
-        one."""
-        if name == "fwd_scores_ahead":
-            return self._paired() and not self.inline_pass
-        return name == "inline_dt_ahead" and self._paired() and self.inline_pass
-
-    @property
-    def dt_ahead(self) -> int:
-        """Blocks of raw dt each loader warp has in flight beyond the one it scans next. One by default: a block with
-        outputs outlasts a load. With experiment ``inline_dt_ahead`` (not yet measured on hardware), four in an inline
-        pass, whose blocks of the state alone are short: a scan one block behind its dt load would wait that load's
-        latency on every block."""
-        return 4 if experiment_enabled(self, "inline_dt_ahead") else 1
+        """Whether build experiment ``name`` changes this variant (families.new_kernel): fwd_scores_ahead on the
+        warp-specialized CTA, without an inline pass (whose blocks before the outputs issue no C·Bᵀ)."""
+        return name == "fwd_scores_ahead" and self._paired() and not self.inline_pass
 
     @property
     def scores_ahead(self) -> bool:
@@ -409,33 +398,32 @@ class SsdForwardPaired(SsdForward):
             self._load_BC(storage, sources, blk_first + i, blk_end, i, t, L)
         dt0, dt1 = self._raw_dt(dt, row, h, blk_first, lane, L)
         self._scan_into(scan, dt0, dt1, blk_first, 0)
-        pending = self._raw_dts(dt, row, h, blk_first + 1, self.dt_ahead, lane, L)
+        dt0, dt1 = self._raw_dt(dt, row, h, blk_first + 1, lane, L)
         if blk_first < blk_end:
             self._publish(ahead - 1, 0)
         for blk in range(blk_first, blk_end):
-            pending = self._loader_block(scan, sources, blk, blk - blk_first, blk_end, pending, t, L)
+            dt0, dt1 = self._loader_block(scan, sources, blk, blk - blk_first, blk_end, dt0, dt1, t, L)
         if blk_first < blk_end:
             role_sync(TILES_FREE + (blk_end - 1 - blk_first) % BARRIER_SLOTS, self.tiles_free_count)
 
     @cute.jit
-    def _loader_block(self, scan, sources, blk, k, blk_end, pending, t, L):
-        """While the products run block blk: block blk + 1's scan (its raw dt first in ``pending``, the raw dt of the
-        :attr:`dt_ahead` blocks from blk + 1) and tiles published, then the loads of block blk + ring - 1 into the
-        slots of block blk - 1 once the products are done with it. Returns ``pending`` for block blk + 1."""
+    def _loader_block(self, scan, sources, blk, k, blk_end, dt0, dt1, t, L):
+        """While the products run block blk: block blk + 1's scan and tiles published, then the loads of block
+        blk + ring - 1 into the slots of block blk - 1 once the products are done with it. Returns the raw dt of
+        block blk + 2."""
         _, storage, dt, row, h, _, _, _, _, _, lane = scan
         ahead = self.ring - 1
-        dt0, dt1 = pending[0]
         if cutlass.const_expr(self.inline_pass):
             # the loads first, the scan while they land: an inline pass's blocks are short, and the walk's order
             # (scan, then loads, then their wait) put both on each of them
             self._load_freed_BC(storage, sources, blk, k, blk_end, t, L)
             self._scan_into(scan, dt0, dt1, blk + 1, k + 1)
-            pending = pending[1:] + self._raw_dts(dt, row, h, blk + 1 + self.dt_ahead, 1, lane, L)
+            dt0, dt1 = self._raw_dt(dt, row, h, blk + 2, lane, L)
             if blk + 1 < blk_end:
                 self._publish(ahead - 1, k + 1)
         else:
             self._scan_into(scan, dt0, dt1, blk + 1, k + 1)
-            pending = pending[1:] + self._raw_dts(dt, row, h, blk + 1 + self.dt_ahead, 1, lane, L)
+            dt0, dt1 = self._raw_dt(dt, row, h, blk + 2, lane, L)
             if cutlass.const_expr(ahead == 2):
                 if blk + 1 < blk_end:
                     self._publish(0, k + 1)
@@ -443,7 +431,7 @@ class SsdForwardPaired(SsdForward):
             if cutlass.const_expr(ahead == 1):
                 if blk + 1 < blk_end:
                     self._publish(0, k + 1)
-        return pending
+        return dt0, dt1
 
     @cute.jit
     def _load_freed_BC(self, storage, sources, blk, k, blk_end, t, L):
@@ -482,10 +470,6 @@ class SsdForwardPaired(SsdForward):
         cute.arch.fence_proxy("async.shared", space="cta")
         for w in cutlass.range_constexpr(HEADS):
             role_arrive(head_barrier(w, TR) + k % BARRIER_SLOTS, TR_COUNT)
-
-    def _raw_dts(self, dt, row, h, blk, count: int, lane, L):
-        """:meth:`_raw_dt` of blocks blk .. blk + count - 1, as a tuple of (dt0, dt1) pairs."""
-        return tuple(self._raw_dt(dt, row, h, blk + i, lane, L) for i in range(count))
 
     @cute.jit
     def _raw_dt(self, dt, row, h, blk, lane, L):

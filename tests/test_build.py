@@ -362,17 +362,3 @@ def test_an_experiment_that_changes_no_variant_is_reported():
                            "experiment=fwd_scores_ahead"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "changes no variant" not in proc.stdout
-
-
-def test_the_inline_dt_ahead_experiment_keeps_four_blocks_of_dt_in_flight(tmp_path):
-    """``experiment=inline_dt_ahead`` (ssd_fwd_inline's loaders load each block's raw dt four blocks before its scan,
-    not one; not yet measured on hardware): its prologue issues the dt loads of three more blocks (two rows per lane
-    each), the loop still one block's; the variant is marked unvalidated, and ssd_fwd_paired declines it."""
-    constants = {"headdim": 64, "d_state": 64, "io_dtype": "bf16", "state_dtype": "fp32"}
-    loads = {}
-    for experiments in ((), ("inline_dt_ahead",)):
-        cubin, entry = _compile(tmp_path, "sm_90a", "ssd_fwd_inline", constants, experiments)
-        loads[bool(experiments)] = len(re.findall(r"\bLDG\.E\.U16\b", cubin_checks.sass(cubin, toolchain.cuobjdump())))
-        assert entry["validated"] is not bool(experiments)
-    assert loads[True] == loads[False] + 2 * 3
-    assert not families.new_kernel("ssd_fwd_paired", constants, "sm_90a", ["inline_dt_ahead"]).enabled_experiments
