@@ -7,7 +7,12 @@ Math (BRIEF §2; the layout of state-spaces/mamba's ``_chunk_cumsum_fwd``)::
     dA_cumsum[b,h,c,t] = Σ_{s ≤ t} Δ[b, c·Q + s, h] · A[h]        (flat past the end of the sequence)
 
 One warp per (chunk, batch row, head), HEADS_PER_CTA heads per CTA. The warp walks the chunk 32 positions
-at a time: a shuffle scan of each row of 32 plus the carry of the rows before it. No shared memory.
+at a time: a shuffle scan of each row of 32 plus the carry of the rows before it. No shared memory. At chunk size
+LOADS_FIRST_CHUNK the warp loads all its rows' dt first (at a position clamped into the sequence; Δ = 0 past its
+end): a row's load under its bound check, behind the stores before it (which might alias dt), waits its whole
+latency in turn, eight times per warp. Measured on the H200 (docs/PERF_NOTES.md, ssd_chunk_cumsum): 16-44 % faster at
+chunk size 256 at the three reference (batch, L, H); at 64 and 128 it was faster at B2 L2048 H64 only, and slower at
+B8 L4096 H80 and B1 L8192 H128, so those keep the row-by-row loads.
 """
 
 from __future__ import annotations
@@ -17,11 +22,12 @@ import cutlass.cute as cute
 from cutlass import Float32
 
 from kernel_src.abi import bind, f32, i32, ptr, strides
-from kernel_src.families import expect_constants, experiment_enabled
+from kernel_src.families import expect_constants
 from kernel_src.ssm_math import delta_from_dt, warp_inclusive_scan
 
 WARP = 32
 HEADS_PER_CTA = 4
+LOADS_FIRST_CHUNK = 256  # the chunk size whose warps load every row's dt before the first store (module docstring)
 
 
 class ChunkCumsum:
@@ -29,8 +35,6 @@ class ChunkCumsum:
     grid_rule = "chunks,batch,heads/4"
     chunk_sizes = (64, 128, 256)
     dt_dtypes = ("bf16", "fp16", "fp32")
-    # build experiments (scons experiment=NAME: cubins marked unvalidated; families.experiment_enabled tells the code)
-    experiments = ("cumsum_loads_first",)
 
     def __init__(self, chunk_size: int, dt_dtype: str):
         expect_constants(self, chunk_size=chunk_size, dt_dtype=dt_dtype)
@@ -81,12 +85,9 @@ class ChunkCumsum:
             if a.has_dt_bias != 0:
                 bias = mbias[h]
             rows = self.chunk_size // WARP
-            loads_first = experiment_enabled(self, "cumsum_loads_first")
+            loads_first = self.chunk_size == LOADS_FIRST_CHUNK
             raw = []
             if cutlass.const_expr(loads_first):
-                # (experiment, not yet measured: every row's dt loaded before the first store, at a clamped position,
-                # so that the loads are in flight together: a load under the row's bound check, or after a store to
-                # dt_out that might alias dt, waits its full latency in turn)
                 last = a.seqlen - 1
                 raw = [mdt[b, cute.math.min(c * self.chunk_size + row * WARP + lane, last), h] for row in range(rows)]
             carry = Float32(0.0)
