@@ -67,7 +67,7 @@ def test_doctor_with_fake_device(cubins, monkeypatch, capsys):
     monkeypatch.setattr(driver, "_driver", FakeDriver(capabilities=[(9, 0), (8, 0)]))
     assert main(["doctor"]) == 1  # cuda:1 (sm_80) has no cubins
     out = capsys.readouterr().out
-    assert "ssd_chunk_cumsum[chunk_size=256,dt_dtype=fp32]: loads" in out
+    assert "ssd_chunk_cumsum[chunk_size=256,dt_dtype=fp32]: loads\n" in out
     assert "cuda:1 Fake GPU (sm_80)" in out and "pip install 'mamba2_aot_cubins_sm80==" in out
 
 
@@ -79,7 +79,7 @@ def test_doctor_does_not_load_unvalidated_variants(cubins, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert ("ssd_chunk_cumsum[chunk_size=64,dt_dtype=fp32]: not loaded [not validated on hardware; not used unless "
             "MAMBA2_AOT_ALLOW_UNVALIDATED=1]") in out
-    assert "ssd_chunk_cumsum[chunk_size=256,dt_dtype=fp32]: loads" in out
+    assert "ssd_chunk_cumsum[chunk_size=256,dt_dtype=fp32]: loads\n" in out
     assert sorted(call[1] for call in fake.calls if call[0] == "load") == [
         b"fake cubin mamba2_aot_cubins_sm90 256 bf16", b"fake cubin mamba2_aot_cubins_sm90 256 fp32"]
 
@@ -137,3 +137,17 @@ def test_list_and_doctor_say_which_source_serves_a_variant_two_sources_hold(tmp_
     assert (f"  {key.format(64)}: not loaded; calls use mamba2_aot_cubins_sm90 at {second} [not validated") in out
     assert f"  {key.format(64)}: loads (mamba2_aot_cubins_sm90 at {second})\n" in out
     assert f"  {key.format(256)}: loads (mamba2_aot_cubins_sm90 at {first})\n" in out
+
+
+def test_the_opt_in_is_named_only_where_it_would_change_which_build_serves(tmp_path, monkeypatch, capsys):
+    """An unvalidated build behind a validated one of an earlier source stays unused with the opt-in too (the first
+    source wins): ``list`` names the source calls use and not the opt-in. A directory named twice is one source."""
+    reset_runtime_state(monkeypatch)
+    first, second = write_cubin_dir(tmp_path / "first"), write_cubin_dir(tmp_path / "second")
+    mark_unvalidated(second, 64)
+    dirs = [tmp_path / "first", tmp_path / "second", tmp_path / "first"]
+    monkeypatch.setenv(manifest.ENV_CUBIN_DIR, os.pathsep.join(str(p) for p in dirs))
+    assert [m.path.parent for m in manifest.catalog().manifests] == [first, second]
+    assert main(["list"]) == 0
+    assert (f"  ssd_chunk_cumsum[chunk_size=64,dt_dtype=bf16]: not used; calls use mamba2_aot_cubins_sm90 at {first} "
+            "[not validated on hardware; experiments: bwd_products_ahead]\n") in capsys.readouterr().out

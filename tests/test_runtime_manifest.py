@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -291,3 +292,31 @@ def test_validated_on_another_arch_defers_to_the_device_lookup(tmp_path):
     assert catalog.find("ssd_chunk_cumsum", Q256_BF16, (10, 0)).validated
     with pytest.raises(UnvalidatedVariantError, match="on sm_90 is ssd_chunk_cumsum"):
         catalog.find("ssd_chunk_cumsum", Q256_BF16, (9, 0))
+
+
+def test_serving_names_the_build_calls_use(tmp_path, monkeypatch):
+    """Catalog.serving: the variant itself, an earlier source's copy, a later validated copy where the variant is held
+    back, or None where no build of its constants may run; served_if_allowed: whether the opt-in would make it serve."""
+    first, second = write_cubin_dir(tmp_path / "first"), write_cubin_dir(tmp_path / "second")
+    mark_unvalidated(first, 64)
+    mark_unvalidated(second, 256)
+    monkeypatch.setenv(manifest.ENV_CUBIN_DIR, os.pathsep.join(str(p) for p in (first, second)))
+
+    def variants():
+        cat = manifest.discover()
+        return cat, [{v.constants["chunk_size"]: v for v in m.variants if v.constants["dt_dtype"] == "bf16"}
+                     for m in cat.manifests]
+
+    monkeypatch.setenv(manifest.ENV_ALLOW_UNVALIDATED, "0")
+    cat, (a, b) = variants()
+    assert cat.serving(a[256]) is a[256]     # the first source's, validated
+    assert cat.serving(b[256]) is a[256]     # an earlier source's copy
+    assert cat.serving(a[64]) is b[64]       # held back: the later source's validated copy
+    assert cat.served_if_allowed(a[64]) and not cat.served_if_allowed(b[256])
+    monkeypatch.setenv(manifest.ENV_ALLOW_UNVALIDATED, "1")
+    cat, (a, b) = variants()
+    assert cat.serving(a[64]) is a[64] and cat.serving(b[256]) is a[256]
+    mark_unvalidated(second, 64)
+    monkeypatch.setenv(manifest.ENV_ALLOW_UNVALIDATED, "0")
+    cat, (a, b) = variants()
+    assert cat.serving(a[64]) is None and cat.serving(b[64]) is None

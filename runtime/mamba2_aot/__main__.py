@@ -32,13 +32,14 @@ def _print_problems(catalog) -> None:
 
 
 def _validation_note(catalog, variant) -> str:
-    """`` [not validated on hardware; experiments: ...; not used unless MAMBA2_AOT_ALLOW_UNVALIDATED=1]``, or ``""``."""
+    """`` [not validated on hardware; experiments: ...; not used unless MAMBA2_AOT_ALLOW_UNVALIDATED=1]``, or ``""``;
+    the opt-in is named only where it would make this variant the one calls use (no earlier source has it)."""
     if variant.validated:
         return ""
     notes = ["not validated on hardware"]
     if variant.experiments:
         notes.append(f"experiments: {', '.join(variant.experiments)}")
-    if not catalog.usable(variant):
+    if not catalog.usable(variant) and catalog.served_if_allowed(variant):
         notes.append(f"not used unless {manifest.ENV_ALLOW_UNVALIDATED}=1")
     return f" [{'; '.join(notes)}]"
 

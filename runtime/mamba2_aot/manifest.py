@@ -8,7 +8,8 @@ Where cubins come from, in order of precedence:
    holding ``manifest.json`` and ``cubins/``. Found with ``pkgutil``/``importlib.util.find_spec``
    (nothing is imported, nothing scans every installed distribution).
 
-A variant provided by several sources is taken from the first. Problems (unreadable manifest, version
+A variant provided by several sources is taken from the first; a manifest reached twice (a directory named
+twice, or an override that is an installed package's) counts once. Problems (unreadable manifest, version
 lock, unknown schema) are recorded, not raised, at discovery, and raised when the affected architecture
 is actually needed, so a broken sm_100 package never stops an sm_90 machine.
 
@@ -363,6 +364,15 @@ class Catalog:
         ``None`` when no source's build of them may run."""
         return self.index(variant.manifest.compute_capability).get((variant.family, constants_key(variant.constants)))
 
+    def served_if_allowed(self, variant: Variant) -> bool:
+        """Whether ``variant`` would serve its calls with unvalidated variants allowed: no source before it has a build
+        of its constants that may run (the first source wins among the variants that may)."""
+        serving = self.serving(variant)
+        if serving is None or serving is variant:
+            return True
+        order = [id(m) for m in self.manifests]
+        return order.index(id(serving.manifest)) > order.index(id(variant.manifest))
+
     def held_back(self, manifests, family: str | None = None) -> list[Variant]:
         """The variants (of ``family``, when given) in ``manifests`` that may not run: unvalidated, not allowed."""
         return [v for m in manifests for v in m.variants
@@ -442,8 +452,11 @@ def discover(environ=os.environ) -> Catalog:
     """Look for manifests now (see the module docstring for where), and read whether unvalidated variants may be
     used (``MAMBA2_AOT_ALLOW_UNVALIDATED``). Never raises for a bad source."""
     override_paths, problems = _override_manifest_paths(environ.get(ENV_CUBIN_DIR, ""))
-    manifests = []
+    manifests, seen = [], set()
     for path in override_paths + _installed_manifest_paths():
+        if path.resolve() in seen:  # (a directory named twice, or an override that is an installed package's)
+            continue
+        seen.add(path.resolve())
         try:
             manifests.append(load_manifest(path))
         except CubinPackageError as exc:
