@@ -163,7 +163,7 @@ class SsdBackwardChunk:
     @property
     def products_ahead(self) -> bool:
         """Whether products are issued ahead and each waited for where it is first read, not at once (experiment
-        ``bwd_products_ahead``, not yet measured on hardware): a run's C·Bᵀ beside B·dh_endᵀ, C·h₀ᵀ during U's
+        ``bwd_products_ahead``: 1-2 % slower on the H200, not adopted): a run's C·Bᵀ beside B·dh_endᵀ, C·h₀ᵀ during U's
         pass, dB's and dC's state products as one group, dx's and y's products during the straddling sums."""
         return experiment_enabled(self, "bwd_products_ahead")
 

@@ -10,9 +10,9 @@ One warp per (chunk, batch row, head), HEADS_PER_CTA heads per CTA. The warp wal
 at a time: a shuffle scan of each row of 32 plus the carry of the rows before it. No shared memory. At chunk size
 LOADS_FIRST_CHUNK the warp loads all its rows' dt first (at a position clamped into the sequence; Δ = 0 past its
 end): a row's load under its bound check, behind the stores before it (which might alias dt), waits its whole
-latency in turn, eight times per warp. Measured on the H200 (docs/PERF_NOTES.md, ssd_chunk_cumsum): 16-44 % faster at
-chunk size 256 at the three reference (batch, L, H); at 64 and 128 it was faster at B2 L2048 H64 only, and slower at
-B8 L4096 H80 and B1 L8192 H128, so those keep the row-by-row loads.
+latency in turn, once per row (eight rows at 256). Measured on the H200 (docs/PERF_NOTES.md, ssd_chunk_cumsum): 8-43 %
+less time at chunk size 256 at the three reference (batch, L, H); 2-9 % more at 64 (B8 L4096 H80, B1 L8192 H128) and
+at 128 (B1 L8192 H128, the Nemotron-H shape), so those keep the row-by-row loads. The same source on every arch.
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ class SsdForwardPaired(SsdForward):
     @property
     def scores_ahead(self) -> bool:
         """Whether each block's C·Bᵀ is issued at the end of the block before's products, to run during that block's
-        outputs (experiment ``fwd_scores_ahead``, not yet measured on hardware), instead of at its own start. Its
+        outputs (experiment ``fwd_scores_ahead``: +29 % at N 128 on the H200, not adopted), instead of at its own start. Its
         tiles are published by then: both helpers publish block k + 1 after events of block k - 1 only (the module
         docstring's hand-offs), so the earlier TR wait cannot wait on the products themselves."""
         return experiment_enabled(self, "fwd_scores_ahead")

@@ -293,7 +293,7 @@ def test_ssd_fwd_takes_warpgroup_mma_only_on_sm90a(two_clean_builds):
 
 
 def test_the_chunk_kernels_products_ahead_experiment_builds_unvalidated_with_fewer_waits(tmp_path):
-    """``experiment=bwd_products_ahead`` (ssd_bwd_chunk's products issued ahead, not yet measured on hardware) keeps
+    """``experiment=bwd_products_ahead`` (ssd_bwd_chunk's products issued ahead; measured slower, not adopted) keeps
     compiling through every cubin check, is marked unvalidated, and issues the same products with fewer waits; the
     default build of the same variant is untouched by it."""
     constants = {"headdim": 64, "d_state": 64, "io_dtype": "bf16", "state_dtype": "fp32"}
@@ -315,13 +315,14 @@ def test_the_chunk_kernels_products_ahead_experiment_builds_unvalidated_with_few
 
 def test_the_cumsum_at_chunk_size_256_issues_every_load_before_the_first_store(tmp_path):
     """ssd_chunk_cumsum at chunk size 256 loads its dt rows together: in its SASS every global load comes before the
-    first global store; at 128 a row's load waits behind its bound check and the stores before it (measured faster
-    there, docs/PERF_NOTES.md)."""
+    first global store; at 128 a row's load waits behind its bound check and the stores before it (the order measured
+    faster at the Nemotron-H shape, docs/PERF_NOTES.md). Both are default, validated builds."""
     for chunk_size in (128, 256):
-        cubin, _ = _compile(tmp_path, "sm_90a", "ssd_chunk_cumsum", {"chunk_size": chunk_size, "dt_dtype": "bf16"})
+        cubin, entry = _compile(tmp_path, "sm_90a", "ssd_chunk_cumsum", {"chunk_size": chunk_size, "dt_dtype": "bf16"})
         sass = cubin_checks.sass(cubin, toolchain.cuobjdump())
         last_load = max(m.start() for m in re.finditer(r"\bLDG\.", sass))
         assert (last_load < sass.index("STG.")) == (chunk_size == 256)
+        assert entry["validated"] is True and "experiments" not in entry
 
 
 @pytest.mark.parametrize("option", ["experiments=bwd_products_ahead", "archs=sm90", "experiment=no_such_experiment"])
@@ -335,8 +336,8 @@ def test_a_misspelt_build_option_stops_the_build(option):
 
 
 def test_the_scores_ahead_experiment_runs_the_next_blocks_product_during_the_outputs(tmp_path):
-    """``experiment=fwd_scores_ahead`` (ssd_fwd_paired: block k + 1's C·Bᵀ issued before block k's outputs, not yet
-    measured on hardware): a product is in flight when the gate's first tanh runs; by default every product has been
+    """``experiment=fwd_scores_ahead`` (ssd_fwd_paired: block k + 1's C·Bᵀ issued before block k's outputs; measured
+    slower, not adopted): a product is in flight when the gate's first tanh runs; by default every product has been
     waited for by then."""
     constants = {"headdim": 64, "d_state": 64, "io_dtype": "bf16", "state_dtype": "fp32"}
     for experiments, ahead in (((), False), (("fwd_scores_ahead",), True)):
