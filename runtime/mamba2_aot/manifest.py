@@ -365,13 +365,11 @@ class Catalog:
         return self.index(variant.manifest.compute_capability).get((variant.family, constants_key(variant.constants)))
 
     def served_if_allowed(self, variant: Variant) -> bool:
-        """Whether ``variant`` would serve its calls with unvalidated variants allowed: no source before it has a build
-        of its constants that may run (the first source wins among the variants that may)."""
-        serving = self.serving(variant)
-        if serving is None or serving is variant:
-            return True
-        order = [id(m) for m in self.manifests]
-        return order.index(id(serving.manifest)) > order.index(id(variant.manifest))
+        """Whether ``variant`` would serve its calls with unvalidated variants allowed: it is the first source's build
+        of its constants (what :meth:`index` keeps when every variant may run)."""
+        key = (variant.family, constants_key(variant.constants))
+        return next(v for m in self.for_capability(variant.manifest.compute_capability) for v in m.variants
+                    if (v.family, constants_key(v.constants)) == key) is variant
 
     def held_back(self, manifests, family: str | None = None) -> list[Variant]:
         """The variants (of ``family``, when given) in ``manifests`` that may not run: unvalidated, not allowed."""
@@ -454,9 +452,9 @@ def discover(environ=os.environ) -> Catalog:
     override_paths, problems = _override_manifest_paths(environ.get(ENV_CUBIN_DIR, ""))
     manifests, seen = [], set()
     for path in override_paths + _installed_manifest_paths():
-        if path.resolve() in seen:  # (a directory named twice, or an override that is an installed package's)
+        if (real := path.resolve()) in seen:  # (a directory named twice, or an override that is an installed package's)
             continue
-        seen.add(path.resolve())
+        seen.add(real)
         try:
             manifests.append(load_manifest(path))
         except CubinPackageError as exc:
