@@ -55,8 +55,8 @@ from cutlass import Float32, Int32
 from kernel_src.abi import bind, cutlass_dtype
 from kernel_src.families import experiment_enabled
 from kernel_src.ssd_fwd import LOG2_E, P_TILE, SsdForward
-from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, async_tile_copy, buffer, fence_operands, load_tile, make_mma,
-                                  matrix_store, mn_view, operand_as_accumulator, role_arrive, role_sync, scan_slot,
+from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, async_tile_copy, buffer, bulk_store, fence_operands, load_tile,
+                                  make_mma, matrix_store, mn_view, operand_as_accumulator, role_arrive, role_sync, scan_slot,
                                   smem_layout, store_matrices, transposed, vec, vector, view)
 from kernel_src.ssm_math import silu_approx
 
@@ -67,6 +67,9 @@ SCAN_SLOTS = 3            # Δ and cumsums, one block ahead of the products
 # named barriers: per head w, 1 + PER_HEAD w + (TR + k mod BARRIER_SLOTS, Y_FREE, Y_STAGED, WALK); then TILES_FREE +
 # k mod BARRIER_SLOTS. Three slots: a side may be two blocks ahead of the other's wait (module docstring).
 BARRIER_SLOTS = 3
+# experiment fwd_bulk_stores: y's staged rows unswizzled (a bulk copy takes a row as it lies), each padded by one
+# 16-byte vector so that stmatrix's eight rows of 16 bytes fall in distinct banks
+Y_PITCH = 64 + 8
 TR, Y_FREE, Y_STAGED, WALK = 0, BARRIER_SLOTS, BARRIER_SLOTS + 1, BARRIER_SLOTS + 2
 PER_HEAD = WALK + 1
 TILES_FREE = 1 + HEADS * PER_HEAD
@@ -87,16 +90,28 @@ class SsdForwardPaired(SsdForward):
     family = "ssd_fwd_paired"
     d_states = (64, 128)   # (N 256 is never paired: the plan keeps it on ssd_fwd)
     # build experiments (scons experiment=NAME: cubins marked unvalidated; families.experiment_enabled tells the code)
-    experiments = ("fwd_scores_ahead", "fwd_register_operands")
+    experiments = ("fwd_scores_ahead", "fwd_register_operands", "fwd_bulk_stores")
 
     def experiment_applies(self, name: str) -> bool:
-        """Whether build experiment ``name`` changes this variant (families.new_kernel): either on the
-        warp-specialized CTA, fwd_scores_ahead without an inline pass (whose blocks before the outputs issue no
+        """Whether build experiment ``name`` changes this variant (families.new_kernel): each on the
+        warp-specialized CTA only, fwd_scores_ahead without an inline pass (whose blocks before the outputs issue no
         C·Bᵀ), fwd_register_operands at P 64 (at P 128 N 128 its build spills a few bytes: the writers, at their 72
         registers, or at 208 for the products, a pointer the products hold)."""
         if name == "fwd_scores_ahead":
             return self._paired() and not self.inline_pass
-        return name == "fwd_register_operands" and self._paired() and self.headdim == 64
+        if name == "fwd_register_operands":
+            return self._paired() and self.headdim == 64
+        return name == "fwd_bulk_stores" and self._paired()
+
+    @property
+    def bulk_stores(self) -> bool:
+        """Whether the writers copy each staged row of y to ``out`` with one bulk copy of the TMA unit (experiment
+        ``fwd_bulk_stores``; not yet measured) instead of 16-byte loads from shared memory and global stores, which
+        pass through the L1's LSU pipe that bounds the CTA (docs/PERF_NOTES.md, thirty-fourth session): by estimate
+        ~7 % of its wavefronts. No tensor map is involved (BRIEF §4): a row of P_TILE elements is contiguous in both
+        spaces. y is then staged unswizzled at a padded pitch (``Y_PITCH``), and the products fence their staging
+        for the async proxy before Y_STAGED."""
+        return experiment_enabled(self, "fwd_bulk_stores")
 
     @property
     def register_operands(self) -> bool:
@@ -176,11 +191,11 @@ class SsdForwardPaired(SsdForward):
 
         fields = dict(B=array(io_type, ring * TILE * N), C=array(io_type, ring * TILE * N),
                       x=array(io_type, HEADS * ring * tile), z=array(io_type, HEADS * ring * tile))  # x, z: [head][slot]
+        y = array(io_type, HEADS * TILE * (Y_PITCH if self.bulk_stores else P_TILE))  # the outputs, staged
         if self.register_operands:  # S, the one shared operand the products make: [head][block mod 2]
-            fields.update(scores=array(io_type, HEADS * 2 * TILE * TILE), y=array(io_type, HEADS * tile))
+            fields.update(scores=array(io_type, HEADS * 2 * TILE * TILE), y=y)
         else:
-            fields.update(weighted_x=array(io_type, HEADS * tile), y=array(io_type, HEADS * tile),  # y: the outputs
-                          h=array(io_type, HEADS * P_TILE * N))
+            fields.update(weighted_x=array(io_type, HEADS * tile), y=y, h=array(io_type, HEADS * P_TILE * N))
         fields.update(D=array(Float32, HEADS * P_TILE), delta=array(Float32, HEADS * SCAN_SLOTS * TILE),
                       cs=array(Float32, HEADS * SCAN_SLOTS * TILE))
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
@@ -223,6 +238,16 @@ class SsdForwardPaired(SsdForward):
         """Head w's x (or z) tile of block k."""
         return buffer(storage_range, w * self.ring + k % self.ring, P_TILE)
 
+    def _y_tile(self, storage, w):
+        """Head w's staged y (TILE rows of P_TILE): swizzled as the other tiles, or with bulk stores rows at Y_PITCH."""
+        if self.bulk_stores:
+            offset = w * (TILE * Y_PITCH)
+            if not isinstance(w, int):  # (stmatrix needs the alignment known)
+                offset = cute.assume(offset, divby=TILE * Y_PITCH)
+            return cute.make_tensor(storage.y.data_ptr() + offset,
+                                    cute.make_layout((TILE, P_TILE), stride=(Y_PITCH, 1)))
+        return buffer(storage.y, w, P_TILE)
+
     def _sD(self, storage):
         return cute.make_tensor(storage.D.data_ptr(), cute.make_layout((HEADS, P_TILE), stride=(P_TILE, 1)))
 
@@ -242,7 +267,7 @@ class SsdForwardPaired(SsdForward):
         staged = not self.register_operands  # (h₀ staged for C·h₀ᵀ, or taken from the accumulators)
         mma = make_mma(io_type, tid, self.warps, warpgroups=1)
         acc_h = cute.make_rmem_tensor(mma.thr.partition_shape_C((P_TILE, N)), Float32)
-        sY = buffer(storage.y, w, P_TILE)
+        sY = self._y_tile(storage, w)
         sH = None
         if cutlass.const_expr(staged):
             sH = cute.make_tensor(storage.h.data_ptr() + cute.assume(w * (P_TILE * N), divby=P_TILE * N),
@@ -318,6 +343,8 @@ class SsdForwardPaired(SsdForward):
         if a.has_z != 0:
             self._gate(mma, acc_y, self._ring_tile(storage.z, w, k))
         store_matrices(staging[0], acc_y, io_type)
+        if cutlass.const_expr(self.bulk_stores):  # (the writers' bulk copies read it through the async proxy)
+            cute.arch.fence_proxy("async.shared", space="cta")
         if cutlass.const_expr(not registers):
             store_matrices(staging[1], acc_h, io_type)
             fence_operands(mma)  # (h₀ for the next block's C·h₀ᵀ)
@@ -687,8 +714,29 @@ class SsdForwardPaired(SsdForward):
 
     @cute.jit
     def _store_outputs(self, outputs, w, blk):
-        """Head h0 + w's staged y of block blk to ``out``, its rows in [start, end): writer t takes the 16-byte runs
-        t mod 8 of rows t / 8 + 8 i."""
+        """Head h0 + w's staged y of block blk to ``out``, its rows in [start, end); once it returns, the staged y may
+        be written again."""
+        if cutlass.const_expr(self.bulk_stores):
+            self._bulk_store_outputs(outputs, w, blk)
+        else:
+            self._copy_outputs(outputs, w, blk)
+
+    @cute.jit
+    def _bulk_store_outputs(self, outputs, w, blk):
+        """:meth:`_store_outputs` by the TMA unit: writer t's row t as one bulk copy of P_TILE elements, waited for
+        until it has read the staged row (its writes to ``out`` complete on their own)."""
+        assert WRITERS == TILE, "a writer per row"
+        _, storage, out, row, h0, ptile, start, end, t = outputs
+        tok = blk * TILE + t
+        if (tok >= start) & (tok < end):
+            bulk_store(out[row, tok, h0 + w, None].iterator + ptile * P_TILE, self._y_tile(storage, w)[t, None].iterator,
+                       P_TILE * out.element_type.width // 8)
+        cute.arch.cp_async_bulk_commit_group()
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def _copy_outputs(self, outputs, w, blk):
+        """:meth:`_store_outputs` through registers: writer t takes the 16-byte runs t mod 8 of rows t / 8 + 8 i."""
         _, storage, out, row, h0, ptile, start, end, t = outputs
         sY = buffer(storage.y, w, P_TILE)
         rows = out[row, None, h0 + w, None]

@@ -310,6 +310,16 @@ def role_sync(barrier_id: int, number_of_threads: int, *, loc=None, ip=None):
                           thread_count=Int32(number_of_threads).ir_value(loc=loc, ip=ip), aligned=False, loc=loc, ip=ip)
 
 
+@dsl_user_op
+def bulk_store(dst, src, size: int, *, loc=None, ip=None):
+    """``size`` bytes (a multiple of 16) from shared memory at ``src`` to global memory at ``dst`` (cute pointers, both
+    16-byte aligned), copied by the TMA unit without a tensor map (``cp.async.bulk.global.shared::cta``): no LSU
+    instruction moves the data. Tracked by ``cp_async_bulk_commit_group`` / ``cp_async_bulk_wait_group``; the writes
+    that made ``src`` must be fenced for the async proxy (``fence.proxy.async.shared::cta``) before it is issued."""
+    nvvm.cp_async_bulk_global_shared_cta(dst.to_llvm_ptr(loc=loc, ip=ip), src.to_llvm_ptr(loc=loc, ip=ip),
+                                         Int32(size).ir_value(loc=loc, ip=ip), loc=loc, ip=ip)
+
+
 def role_arrive(barrier_id: int, number_of_threads: int):
     """Arrive on a named barrier that :func:`role_sync` waits on elsewhere (the unaligned ``barrier.cta.arrive``)."""
     cute.arch.barrier_arrive(barrier_id=barrier_id, number_of_threads=number_of_threads, aligned=False)

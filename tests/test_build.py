@@ -378,6 +378,26 @@ def test_the_register_operands_experiment_takes_h0_and_x_from_registers(tmp_path
         assert kernel.enabled_experiments == frozenset() and not kernel.register_operands
 
 
+def test_the_bulk_stores_experiment_copies_the_outputs_by_the_tma_unit(tmp_path):
+    """``experiment=fwd_bulk_stores`` (ssd_fwd_paired's writers copy each staged row of y to ``out`` with a bulk copy of
+    the TMA unit; not yet measured): the helper warpgroup's code issues bulk copies and no 16-byte global stores; by
+    default the reverse. The products fence their staging for the async proxy once more a block. Unvalidated."""
+    constants = {"headdim": 64, "d_state": 64, "io_dtype": "bf16", "state_dtype": "fp32"}
+    fences = {}
+    for experiments, bulk in (((), False), (("fwd_bulk_stores",), True)):
+        cubin, entry = _compile(tmp_path, "sm_90a", "ssd_fwd_paired", constants, experiments)
+        sass = cubin_checks.sass(cubin, toolchain.cuobjdump())
+        split = sass.index("USETMAXREG.DEALLOC")
+        products, helpers = sass[:split], sass[split:]
+        assert ("UBLKCP" in helpers) == bulk and ("STG.E.128" in helpers) != bulk
+        assert "UBLKCP" not in products
+        assert entry["validated"] is not bulk
+        fences[bulk] = products.count("FENCE.VIEW.ASYNC.S")
+    assert fences[True] == fences[False] + 1
+    kernel = families.new_kernel("ssd_fwd_paired", constants, "sm_100a", ["fwd_bulk_stores"])
+    assert kernel.enabled_experiments == frozenset() and not kernel.bulk_stores
+
+
 def test_an_experiment_that_changes_no_variant_is_reported():
     """``experiment=fwd_scores_ahead`` on sm_100a (which declines it: no wgmma there) builds the default cubins; the
     build says so instead of passing the request over in silence."""
