@@ -343,11 +343,11 @@ class SsdForwardPaired(SsdForward):
         if a.has_z != 0:
             self._gate(mma, acc_y, self._ring_tile(storage.z, w, k))
         store_matrices(staging[0], acc_y, io_type)
-        if cutlass.const_expr(self.bulk_stores):  # (the writers' bulk copies read it through the async proxy)
-            cute.arch.fence_proxy("async.shared", space="cta")
         if cutlass.const_expr(not registers):
             store_matrices(staging[1], acc_h, io_type)
-            fence_operands(mma)  # (h₀ for the next block's C·h₀ᵀ)
+            fence_operands(mma)  # (h₀ for the next block's C·h₀ᵀ; y too, for the writers' bulk copies)
+        elif cutlass.const_expr(self.bulk_stores):  # (the writers' bulk copies read y through the async proxy)
+            cute.arch.fence_proxy("async.shared", space="cta")
         role_arrive(head_barrier(w, Y_STAGED), Y_COUNT)
         role_arrive(TILES_FREE + k % BARRIER_SLOTS, self.tiles_free_count)
 
@@ -425,7 +425,7 @@ class SsdForwardPaired(SsdForward):
         mma.gemm_registers(acc_y, mma.accumulator_operand(acc_h, N), sC, N // 16, wait=False, b_transposed=False,
                            accumulate=False)  # yᵀ = h₀ · Cᵀ
         mma.gemm(acc_s, sC, sB, N // 16, wait=False, accumulate=False)  # S = C·Bᵀ
-        mma.wait(1)  # (h₀ · Cᵀ; C·Bᵀ runs on while x is read and weighed)
+        mma.wait(1)  # (h₀ · Cᵀ; C·Bᵀ runs on while the column values and x are read: ptxas waits for it there)
         columns = self._column_values(mma, sCs, sDelta, s0)
         x = mma.load_operand(transposed(sX, TILE, P_TILE), TILE)
         # e_i = 2^(cs_i - base) on yᵀ's columns (rows i of the block): C·h₀ᵀ as the entering state's contribution
@@ -724,7 +724,9 @@ class SsdForwardPaired(SsdForward):
     @cute.jit
     def _bulk_store_outputs(self, outputs, w, blk):
         """:meth:`_store_outputs` by the TMA unit: writer t's row t as one bulk copy of P_TILE elements, waited for
-        until it has read the staged row (its writes to ``out`` complete on their own)."""
+        until it has read the staged row (its writes to ``out`` complete on their own). The wait is the one ptxas
+        also uses for cp.async groups (``DEPBAR.LE SB0``): it would wait for x and z loads issued before it too. None
+        are pending here (the writers wait for theirs when they publish a block); keep it so."""
         assert WRITERS == TILE, "a writer per row"
         _, storage, out, row, h0, ptile, start, end, t = outputs
         tok = blk * TILE + t

@@ -381,19 +381,26 @@ def test_the_register_operands_experiment_takes_h0_and_x_from_registers(tmp_path
 def test_the_bulk_stores_experiment_copies_the_outputs_by_the_tma_unit(tmp_path):
     """``experiment=fwd_bulk_stores`` (ssd_fwd_paired's writers copy each staged row of y to ``out`` with a bulk copy of
     the TMA unit; not yet measured): the helper warpgroup's code issues bulk copies and no 16-byte global stores; by
-    default the reverse. The products fence their staging for the async proxy once more a block. Unvalidated."""
+    default the reverse. The staged y is fenced for the async proxy before the writers copy it: by the fence that
+    follows h₀'s staging, or, with register operands (no h₀ staged), by one of its own. Unvalidated."""
     constants = {"headdim": 64, "d_state": 64, "io_dtype": "bf16", "state_dtype": "fp32"}
     fences = {}
-    for experiments, bulk in (((), False), (("fwd_bulk_stores",), True)):
+    for experiments in ((), ("fwd_bulk_stores",), ("fwd_register_operands",),
+                        ("fwd_bulk_stores", "fwd_register_operands")):
+        bulk = "fwd_bulk_stores" in experiments
         cubin, entry = _compile(tmp_path, "sm_90a", "ssd_fwd_paired", constants, experiments)
         sass = cubin_checks.sass(cubin, toolchain.cuobjdump())
         split = sass.index("USETMAXREG.DEALLOC")
         products, helpers = sass[:split], sass[split:]
         assert ("UBLKCP" in helpers) == bulk and ("STG.E.128" in helpers) != bulk
         assert "UBLKCP" not in products
-        assert entry["validated"] is not bulk
-        fences[bulk] = products.count("FENCE.VIEW.ASYNC.S")
-    assert fences[True] == fences[False] + 1
+        assert entry["validated"] is not bool(experiments)
+        # the products' last shared store of a block (y's staging) is followed by a proxy fence before Y_STAGED
+        last_staging = products.rindex("STSM")
+        after = products[last_staging:products.index("BAR.ARV", last_staging)]
+        fences[experiments] = "FENCE.VIEW.ASYNC.S" in after
+    assert fences == {(): True, ("fwd_bulk_stores",): True, ("fwd_register_operands",): False,
+                      ("fwd_bulk_stores", "fwd_register_operands"): True}
     kernel = families.new_kernel("ssd_fwd_paired", constants, "sm_100a", ["fwd_bulk_stores"])
     assert kernel.enabled_experiments == frozenset() and not kernel.bulk_stores
 
