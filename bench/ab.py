@@ -1,15 +1,17 @@
-"""Two builds of our own cubins, A and B, measured alternately at the reference shapes: a kernel change's A/B.
+"""Builds of our own cubins, A (the baseline) and B, C, ..., measured in turn at the reference shapes: a kernel
+change's A/B, or several experiments' against one baseline in one run.
 
-    PYTHONPATH=runtime python bench/ab.py ssd_bwd A_DIR B_DIR [--rounds 3] [SHAPE_POSITION ...]
+    PYTHONPATH=runtime python bench/ab.py ssd_bwd A_DIR B_DIR [C_DIR ...] [--rounds 3] [SHAPE_POSITION ...]
 
-``A_DIR`` / ``B_DIR`` are cubin directories as ``MAMBA2_AOT_CUBIN_DIR`` takes them (a build's ``build/stage``). Each
-round runs A, then B (B first in odd rounds), each in a fresh process with that directory only, unvalidated variants
-allowed (an ``experiment=`` build's). Per shape and build, with the benchmarks' own calls and input sets
+The directories are cubin directories as ``MAMBA2_AOT_CUBIN_DIR`` takes them (a build's ``build/stage``); the
+arguments that are whole numbers are shape positions. Each round runs every build, each in a fresh process with that
+directory only, unvalidated variants allowed (an ``experiment=`` build's), in an order that rotates by one build per
+round (two builds: AB, BA, AB, ...), so that no build always runs first. Per shape and build, with the benchmarks' own calls and input sets
 (``bench_ssd_fwd.our_forward``, ``bench_ssd_bwd.our_training_step``): the CUDA-graph time of the call (ssd_fwd: the
 forward; ssd_bwd: the backward alone, after one forward per input set), each kernel's device time per call (torch.profiler,
-by family), and a sha256 of every output of one fixed call: the builds' outputs are bitwise equal, or the change
+by family), and a sha256 of every output of one fixed call: a build's outputs are bitwise A's, or its change
 altered the arithmetic; a build's outputs that differ between its rounds are not deterministic. Shapes: positions
-in ``bench_ssd_fwd.REFERENCE_SHAPES`` (all four by default).
+in ``bench_ssd_fwd.REFERENCE_SHAPES`` (all four by default). Each build is reported against A.
 """
 from __future__ import annotations
 
@@ -96,35 +98,74 @@ def _at_least_one(value: str) -> int:
     return int(value)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("family", choices=("ssd_fwd", "ssd_bwd"))
-    parser.add_argument("a_dir")
-    parser.add_argument("b_dir")
-    parser.add_argument("--rounds", type=_at_least_one, default=3)
-    parser.add_argument("positions", type=int, nargs="*", choices=range(len(REFERENCE_SHAPES)), metavar="POSITION")
-    args = parser.parse_intermixed_args(argv)
-    positions = args.positions or list(range(len(REFERENCE_SHAPES)))
-    runs = {"A": [], "B": []}
-    for r in range(args.rounds):
-        for label in ("AB" if r % 2 == 0 else "BA"):
-            runs[label].append(_run(args.family, args.a_dir if label == "A" else args.b_dir, positions))
+def builds_and_positions(items: list[str]) -> tuple[dict[str, str], list[int]]:
+    """The command line's directories, labelled A, B, C, ... in order, and its shape positions (the whole numbers;
+    all of them when none is given). Raises ValueError for fewer than two directories, more than 26, or a position
+    past the reference shapes."""
+    dirs = [item for item in items if not item.isdigit()]
+    positions = [int(item) for item in items if item.isdigit()]
+    if not 2 <= len(dirs) <= 26:
+        raise ValueError(f"expected 2 to 26 cubin directories (the first is the baseline), got {len(dirs)}: {dirs}")
+    bad = [p for p in positions if p >= len(REFERENCE_SHAPES)]
+    if bad:
+        raise ValueError(f"shape positions {bad}: there are {len(REFERENCE_SHAPES)} reference shapes")
+    return {chr(ord("A") + i): d for i, d in enumerate(dirs)}, positions or list(range(len(REFERENCE_SHAPES)))
+
+
+def round_order(labels: list[str], r: int) -> list[str]:
+    """Round r's order of the builds: rotated by r (two builds: AB, BA, AB, ...; three: ABC, BCA, CAB, ...)."""
+    return labels[r % len(labels):] + labels[:r % len(labels)]
+
+
+def report(family: str, positions: list[int], runs: dict[str, list[list[dict]]]) -> str:
+    """Per shape, each build's medians against A's (the call and each kernel), and whether its outputs are A's."""
+    lines = []
+    base = "A"
     for k, position in enumerate(positions):
-        name = REFERENCE_SHAPES[position].name
-        a_us = statistics.median(run[k]["us"] for run in runs["A"])
-        b_us = statistics.median(run[k]["us"] for run in runs["B"])
-        print(f"{name}\n  {args.family}: A {a_us:8.1f}  B {b_us:8.1f} us  ({100 * (b_us / a_us - 1):+.1f} %)")
-        for kernel in sorted({name for run in runs["A"] + runs["B"] for name in run[k]["kernels"]}):
-            a_k = statistics.median(run[k]["kernels"].get(kernel, float("nan")) for run in runs["A"])
-            b_k = statistics.median(run[k]["kernels"].get(kernel, float("nan")) for run in runs["B"])
-            print(f"    {kernel:<40} A {a_k:8.1f}  B {b_k:8.1f} us  ({100 * (b_k / a_k - 1):+.1f} %)")
+        lines.append(REFERENCE_SHAPES[position].name)
+
+        def median(label, value):
+            return statistics.median(value(run[k]) for run in runs[label])
+
+        a_us = median(base, lambda result: result["us"])
+        for label in runs:
+            us = median(label, lambda result: result["us"])
+            versus = "" if label == base else f"  ({100 * (us / a_us - 1):+.1f} % against A)"
+            lines.append(f"  {family} {label}: {us:8.1f} us{versus}")
+        for kernel in sorted({name for label in runs for run in runs[label] for name in run[k]["kernels"]}):
+            times = {label: median(label, lambda result: result["kernels"].get(kernel, float("nan"))) for label in runs}
+            lines.append(f"    {kernel:<40} " + "  ".join(
+                f"{label} {us:8.1f}" + ("" if label == base else f" ({100 * (us / times[base] - 1):+.1f} %)")
+                for label, us in times.items()))
         digests = {label: {str(run[k]["digests"]) for run in runs[label]} for label in runs}
         for label in runs:
             if len(digests[label]) > 1:
-                print(f"  NOT DETERMINISTIC: build {label}'s outputs differ between rounds")
-        same = digests["A"] == digests["B"] and len(digests["A"]) == 1
-        print(f"  outputs A vs B: {'bitwise equal' if same else 'DIFFER'}"
-              + ("" if same else f"  A {runs['A'][0][k]['digests']}\n  B {runs['B'][0][k]['digests']}"), flush=True)
+                lines.append(f"  NOT DETERMINISTIC: build {label}'s outputs differ between rounds")
+        for label in runs:
+            if label == base:
+                continue
+            same = digests[label] == digests[base] and len(digests[base]) == 1
+            lines.append(f"  outputs A vs {label}: " + ("bitwise equal" if same else
+                         f"DIFFER  A {runs[base][0][k]['digests']}\n  {label} {runs[label][0][k]['digests']}"))
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("family", choices=("ssd_fwd", "ssd_bwd"))
+    parser.add_argument("items", nargs="+", metavar="DIR_OR_POSITION",
+                        help="cubin directories (the first is the baseline, A), then shape positions")
+    parser.add_argument("--rounds", type=_at_least_one, default=3)
+    args = parser.parse_intermixed_args(argv)
+    try:
+        builds, positions = builds_and_positions(args.items)
+    except ValueError as error:
+        parser.error(str(error))
+    runs = {label: [] for label in builds}
+    for r in range(args.rounds):
+        for label in round_order(list(builds), r):
+            runs[label].append(_run(args.family, builds[label], positions))
+    print(report(args.family, positions, runs), flush=True)
 
 
 if __name__ == "__main__":

@@ -121,8 +121,8 @@ class SsdForwardPaired(SsdForward):
         h = decay · h + (weighted x)ᵀ · B with the weighted xᵀ made from those registers. Nothing stages h₀ or the
         weighted x in shared memory any more, D ⊙ x reads no x again, and only S goes through shared memory (the B
         operand of xᵀ · Sᵀ; two slots a head, so one barrier a block). The aim is the L1's LSU pipe that bounds the
-        CTA (docs/PERF_NOTES.md, thirty-fourth session): about a third fewer shared-memory wavefronts a block by
-        estimate (thirty-fifth session). Each value is computed with the same operations as before, so the outputs
+        CTA (docs/PERF_NOTES.md, thirty-fourth session): by estimate ~40 % fewer of the product warps' own LSU
+        wavefronts, 15-20 % of the CTA's (thirty-fifth session). Each value is computed with the same operations as before, so the outputs
         should stay bitwise ssd_fwd's, if the MMAs sum the same products the same way with the operands' roles
         swapped (the GPU tests tell)."""
         return experiment_enabled(self, "fwd_register_operands")
