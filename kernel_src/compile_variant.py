@@ -29,9 +29,11 @@ from kernel_src import abi, cubin_checks, toolchain
 from kernel_src.families import new_kernel, variant_key, variant_stem
 
 
-def compile_variant(family: str, constants: dict, arch: str, experiments=()) -> tuple[bytes, dict]:
+def compile_variant(family: str, constants: dict, arch: str, experiments=(), ptxas_info: bool = False
+                    ) -> tuple[bytes, dict]:
     """Compile and check one variant, with those of the requested ``experiments`` its class implements; return the
-    cubin bytes and its manifest entry."""
+    cubin bytes and its manifest entry. ``ptxas_info``: also print what ptxas says of it (``-v``: registers, spills;
+    its remarks, such as the C75xx reasons it serializes warpgroup MMAs), a developer's view of a failed check."""
     def build(min_ctas_per_sm=None):
         kernel = new_kernel(family, constants, arch, experiments)
         if min_ctas_per_sm is not None:
@@ -41,7 +43,7 @@ def compile_variant(family: str, constants: dict, arch: str, experiments=()) -> 
     kernel = build()
     params = kernel.params()
     param_rows = abi.layout(params)
-    cubin, symbol, ptx_isa = _compile(kernel, params, arch)
+    cubin, symbol, ptx_isa = _compile(kernel, params, arch, ptxas_info)
     res = cubin_checks.resources(cubin, symbol, toolchain.cuobjdump())
     # A kernel that spills at its occupancy target (min_ctas_per_sm) is built at a lower one, down to the floor
     # it allows (min_ctas_floor): the target was chosen on one arch and toolchain, whose register allocation
@@ -51,7 +53,7 @@ def compile_variant(family: str, constants: dict, arch: str, experiments=()) -> 
         kernel = build(kernel.min_ctas_per_sm - 1)
         print(f"note: {arch} {variant_key(family, constants)} spilled ({res.stack} B stack, {res.local} B local): "
               f"building it at {kernel.min_ctas_per_sm} CTAs per SM", file=sys.stderr)
-        cubin, symbol, ptx_isa = _compile(kernel, params, arch)
+        cubin, symbol, ptx_isa = _compile(kernel, params, arch, ptxas_info)
         res = cubin_checks.resources(cubin, symbol, toolchain.cuobjdump())
 
     cubin_checks.check_arch(cubin, arch)
@@ -93,15 +95,17 @@ def validation_fields(kernel) -> dict:
     return {"validated": getattr(kernel, "validated", True)}
 
 
-def _compile(kernel, params, arch: str) -> tuple[bytes, str, str]:
-    """``kernel`` compiled for ``arch``: the cubin, its one kernel symbol and the PTX ISA version it was built at."""
+def _compile(kernel, params, arch: str, ptxas_info: bool = False) -> tuple[bytes, str, str]:
+    """``kernel`` compiled for ``arch``: the cubin, its one kernel symbol and the PTX ISA version it was built at
+    (with ``ptxas_info``, the DSL prints ptxas' report and remarks as it compiles)."""
     import cuda.bindings.driver as cuda
     import cutlass.cute as cute
 
     placeholders = [abi.placeholder(p) for p in params]
+    report = " warnings remarks{ptx} --ptxas-options=-v" if ptxas_info else ""
     with tempfile.TemporaryDirectory() as dump_dir:
         compiled = cute.compile(kernel, tuple(placeholders), cuda.CUstream(0),
-                                options=f"{toolchain.compile_options(arch)} --keep-ptx --dump-dir {dump_dir}")
+                                options=f"{toolchain.compile_options(arch)} --keep-ptx --dump-dir {dump_dir}{report}")
         cubin = compiled.__cubin__
         if not isinstance(cubin, bytes):  # the DSL returns the intended path when it could not dump
             raise RuntimeError(f"cute.compile produced no cubin bytes (got {cubin!r})")
@@ -136,12 +140,14 @@ def main(argv=None) -> int:
     parser.add_argument("--meta", required=True, type=Path)
     parser.add_argument("--experiment", action="append", default=[], metavar="NAME",
                         help="a build experiment to turn on where the family implements it (repeatable)")
+    parser.add_argument("--ptxas-info", action="store_true",
+                        help="print ptxas' report and remarks (spills, why it serializes warpgroup MMAs)")
     args = parser.parse_args(argv)
     constants = json.loads(args.constants)
     name = f"{args.arch} {variant_key(args.family, constants)}"
     start = time.perf_counter()
     try:
-        cubin, entry = compile_variant(args.family, constants, args.arch, args.experiment)
+        cubin, entry = compile_variant(args.family, constants, args.arch, args.experiment, args.ptxas_info)
     except Exception as exc:  # the build must name the variant whatever went wrong
         print(f"FAILED {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

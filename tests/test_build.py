@@ -46,6 +46,19 @@ def test_arch_flags_checked(sm90):
         cubin_checks.check_arch(cubin, "sm_100a")
 
 
+def test_ptxas_info_prints_ptxas_report_and_builds_the_same_cubin(sm90, tmp_path):
+    """``compile_variant --ptxas-info`` (a developer's view of a failed check) prints what ptxas says of the variant,
+    spills included, and the cubin is the one built without it."""
+    cubin, meta = tmp_path / "info.cubin", tmp_path / "info.json"
+    proc = subprocess.run([sys.executable, "-m", "kernel_src.compile_variant", "--family", FAMILY,
+                           "--constants", json.dumps(CONSTANTS), "--arch", "sm_90a", "--cubin", str(cubin),
+                           "--meta", str(meta), "--ptxas-info"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "CUTE_DSL_DISABLE_FILE_CACHING": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert "bytes spill stores" in proc.stdout + proc.stderr
+    assert cubin.read_bytes() == sm90[0]
+
+
 def test_param_table_matches_declared_params(sm90):
     cubin, entry = sm90
     params = entry["params"]
