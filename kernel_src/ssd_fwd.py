@@ -649,10 +649,7 @@ class SsdForward:
         16-byte vectors."""
         per_row = self.product_threads // TILE
         s = tid // per_row
-        zero = Float32(0.0)
-        weight = Float32(cutlass.select_((s >= s0) & (s < s1), cute.math.exp2(cute.math.min(cs_end - sCs[s], zero),
-                                                                             fastmath=True) * sDelta[s], zero))
-        scale_rows([(sX, sXw, weight)], s, tid % per_row, per_row, io_type)
+        scale_rows([(sX, sXw, row_weight(s, s0, s1, cs_end, sCs, sDelta, s))], s, tid % per_row, per_row, io_type)
 
     @cute.jit
     def _advance_state(self, mma, acc_h, sXw, sB, base, cs_end, wait: cutlass.Constexpr = True,
@@ -837,6 +834,16 @@ class SsdForward:
                 if slot >= 0:
                     if slot < a.num_final_slots:
                         store_state(states.final[slot, h, None, None], mma, acc_h, p0, state_type)
+
+
+@cute.jit
+def row_weight(s, s0, s1, cs_end, cs, delta, at):
+    """Row s's weight in h's update, Δ_s 2^(cs_end - cs_s) on rows [s0, s1), zero elsewhere (fp32; the callers round it
+    to the I/O dtype), its cumsum and Δ at index ``at`` of ``cs`` and ``delta`` (the scan's slots, or a thread's
+    column values)."""
+    zero = Float32(0.0)
+    return Float32(cutlass.select_((s >= s0) & (s < s1), cute.math.exp2(cute.math.min(cs_end - cs[at], zero),
+                                                                      fastmath=True) * delta[at], zero))
 
 
 class StateViews:

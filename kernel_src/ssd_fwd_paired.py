@@ -54,7 +54,7 @@ from cutlass import Float32, Int32
 
 from kernel_src.abi import bind, cutlass_dtype
 from kernel_src.families import experiment_enabled
-from kernel_src.ssd_fwd import LOG2_E, P_TILE, SsdForward
+from kernel_src.ssd_fwd import LOG2_E, P_TILE, SsdForward, row_weight
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, async_tile_copy, buffer, bulk_store, fence_operands, load_tile,
                                   make_mma, matrix_store, mn_view, operand_as_accumulator, role_arrive, role_sync, scan_slot,
                                   smem_layout, store_matrices, transposed, vec, vector, view)
@@ -69,7 +69,7 @@ SCAN_SLOTS = 3            # Δ and cumsums, one block ahead of the products
 BARRIER_SLOTS = 3
 # experiment fwd_bulk_stores: y's staged rows unswizzled (a bulk copy takes a row as it lies), each padded by one
 # 16-byte vector so that stmatrix's eight rows of 16 bytes fall in distinct banks
-Y_PITCH = 64 + 8
+Y_PITCH = P_TILE + CHUNK
 TR, Y_FREE, Y_STAGED, WALK = 0, BARRIER_SLOTS, BARRIER_SLOTS + 1, BARRIER_SLOTS + 2
 PER_HEAD = WALK + 1
 TILES_FREE = 1 + HEADS * PER_HEAD
@@ -457,14 +457,9 @@ class SsdForwardPaired(SsdForward):
         W = mn_view(operand_as_accumulator(mma, weighted, P_TILE, TILE))
         coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((P_TILE, TILE))))
         factors = cute.make_rmem_tensor((2,), io_type)
-        zero = Float32(0.0)
         for n in cutlass.range_constexpr(cute.size(X, mode=[1]) // 2):
             for e in cutlass.range_constexpr(2):
-                s = coords[0, (e, n)][1]
-                factors[e] = Float32(cutlass.select_(
-                    (s >= s0) & (s < s1),
-                    cute.math.exp2(cute.math.min(cs_end - cs_cols[2 * n + e], zero), fastmath=True) * delta_cols[2 * n + e],
-                    zero)).to(io_type)
+                factors[e] = row_weight(coords[0, (e, n)][1], s0, s1, cs_end, cs_cols, delta_cols, 2 * n + e).to(io_type)
             pair = factors.load()
             for r in cutlass.range_constexpr(cute.size(X, mode=[0])):
                 W[r, (None, n)].store(X[r, (None, n)].load() * pair)
