@@ -649,22 +649,20 @@ class SsdForward:
         16-byte vectors."""
         per_row = self.product_threads // TILE
         s = tid // per_row
-        scale_rows([(sX, sXw, row_weight(s, s0, s1, cs_end, sCs, sDelta, s))], s, tid % per_row, per_row, io_type)
+        zero = Float32(0.0)
+        weight = Float32(cutlass.select_((s >= s0) & (s < s1), cute.math.exp2(cute.math.min(cs_end - sCs[s], zero),
+                                                                             fastmath=True) * sDelta[s], zero))
+        scale_rows([(sX, sXw, weight)], s, tid % per_row, per_row, io_type)
 
     @cute.jit
-    def _advance_state(self, mma, acc_h, sXw, sB, base, cs_end, wait: cutlass.Constexpr = True,
-                       from_registers: cutlass.Constexpr = False):
+    def _advance_state(self, mma, acc_h, sXw, sB, base, cs_end, wait: cutlass.Constexpr = True):
         """h = 2^(cs_end - base) h + (weighted x)ᵀ · B: the state past the rows weighed by :meth:`_weigh_rows`
-        (without ``wait`` the product runs on: ``mma.wait()`` before h is read). ``from_registers``: ``sXw`` is the
-        weighted xᵀ as a register A operand (ssd_fwd_paired's ``register_operands``), not its shared tile."""
+        (without ``wait`` the product runs on: ``mma.wait()`` before h is read)."""
         state_decay = cute.math.exp2(cute.math.min(cs_end - base, Float32(0.0)), fastmath=True)
         for e in cutlass.range_constexpr(cute.size(acc_h)):
             acc_h[e] = acc_h[e] * state_decay
-        if cutlass.const_expr(from_registers):
-            mma.gemm_registers(acc_h, sXw, transposed(sB, TILE, self.d_state), TILE // 16, wait=wait)
-        else:
-            mma.gemm(acc_h, transposed(sXw, TILE, P_TILE), transposed(sB, TILE, self.d_state), TILE // 16,
-                     a_transposed=True, b_transposed=True, wait=wait)
+        mma.gemm(acc_h, transposed(sXw, TILE, P_TILE), transposed(sB, TILE, self.d_state), TILE // 16,
+                 a_transposed=True, b_transposed=True, wait=wait)
 
     @cute.jit
     def _load_states_tiles(self, loads, buffers, blk, commit: cutlass.Constexpr = True):
@@ -694,21 +692,24 @@ class SsdForward:
             store_state(states.chunks[row, chunk, h, None, None], mma, acc_h, p0, Float32, paired=True)
 
     @cute.jit
-    def _mask_scores(self, mma, acc_s, sDelta, sCs, s0, s1, columns=None):
+    def _mask_scores(self, mma, acc_s, sDelta, sCs, s0, s1):
         """S = C·Bᵀ (in acc_s) ⊙ 2^(cs_i - cs_j) Δ_j on s0 <= j <= i < s1 (zero elsewhere), in place; with
         ``lean_mask``, zero above the diagonal only (module docstring of ssd_fwd_paired: Δ_j is zero before the run,
         rows past it are not stored), the causal mask (j > i) an exponent of -inf (a select of S itself ptxas applies
-        after the rounding to the I/O dtype, on packed halves). ``columns``: the columns' (cumsums, Δ) when the caller
-        loaded them (:meth:`_column_values`; lean mask only)."""
+        after the rounding to the I/O dtype, on packed halves)."""
         zero = Float32(0.0)
         S = mn_view(acc_s)
         S_coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, TILE))))
         cols = cute.size(S, mode=[1])
-        if cutlass.const_expr(columns is None):
-            cs_cols, delta_cols = self._column_values(mma, sCs, sDelta, s0)
-        else:
-            assert self.lean_mask, "the caller's column values are the lean mask's (Δ not dropped before s0)"
-            cs_cols, delta_cols = columns
+        cs_cols = cute.make_rmem_tensor((cols,), Float32)
+        delta_cols = cute.make_rmem_tensor((cols,), Float32)
+        for c in cutlass.range_constexpr(cols):
+            j = S_coords[0, c][1]
+            cs_cols[c] = sCs[j]
+            if cutlass.const_expr(self.lean_mask):
+                delta_cols[c] = sDelta[j]
+            else:
+                delta_cols[c] = Float32(cutlass.select_(j >= s0, sDelta[j], zero))
         for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
             i = S_coords[r, 0][0]
             cs_i = sCs[i]
@@ -723,23 +724,6 @@ class SsdForward:
                     decay = cute.math.exp2(cute.math.min(cs_i - cs_cols[c], zero), fastmath=True)
                     keep = in_rows & (j <= i)
                     S[r, c] = Float32(cutlass.select_(keep, S[r, c] * decay * delta_cols[c], zero))
-
-    @cute.jit
-    def _column_values(self, mma, sCs, sDelta, s0):
-        """The cumsums and Δ of the block's rows that are this thread's columns of an m64n64 accumulator over them, in
-        registers (without ``lean_mask`` Δ is zero before row s0)."""
-        coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, TILE))))
-        cols = cute.size(coords, mode=[1])
-        cs_cols = cute.make_rmem_tensor((cols,), Float32)
-        delta_cols = cute.make_rmem_tensor((cols,), Float32)
-        for c in cutlass.range_constexpr(cols):
-            j = coords[0, c][1]
-            cs_cols[c] = sCs[j]
-            if cutlass.const_expr(self.lean_mask):
-                delta_cols[c] = sDelta[j]
-            else:
-                delta_cols[c] = Float32(cutlass.select_(j >= s0, sDelta[j], Float32(0.0)))
-        return cs_cols, delta_cols
 
     @cute.jit
     def _decay_rows(self, mma, acc_y, sCs, base):
@@ -814,7 +798,7 @@ class SsdForward:
         """h = rows p0... of a P × N state block (zero unless valid), also into sH in the I/O dtype when
         ``staged``."""
         coords = mma.thr.partition_C(cute.make_identity_tensor((P_TILE, self.d_state)))
-        part_H = mma.thr.partition_C(sH) if staged else None
+        part_H = mma.thr.partition_C(sH)
         for e in cutlass.range_constexpr(cute.size(acc_h)):
             v = Float32(0.0)
             if valid:
@@ -834,16 +818,6 @@ class SsdForward:
                 if slot >= 0:
                     if slot < a.num_final_slots:
                         store_state(states.final[slot, h, None, None], mma, acc_h, p0, state_type)
-
-
-@cute.jit
-def row_weight(s, s0, s1, cs_end, cs, delta, at):
-    """Row s's weight in h's update, Δ_s 2^(cs_end - cs_s) on rows [s0, s1), zero elsewhere (fp32; the callers round it
-    to the I/O dtype), its cumsum and Δ at index ``at`` of ``cs`` and ``delta`` (the scan's slots, or a thread's
-    column values)."""
-    zero = Float32(0.0)
-    return Float32(cutlass.select_((s >= s0) & (s < s1), cute.math.exp2(cute.math.min(cs_end - cs[at], zero),
-                                                                      fastmath=True) * delta[at], zero))
 
 
 class StateViews:

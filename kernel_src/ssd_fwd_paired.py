@@ -54,10 +54,10 @@ from cutlass import Float32, Int32
 
 from kernel_src.abi import bind, cutlass_dtype
 from kernel_src.families import experiment_enabled
-from kernel_src.ssd_fwd import LOG2_E, P_TILE, SsdForward, row_weight
-from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, async_tile_copy, buffer, bulk_store, fence_operands, load_tile,
-                                  make_mma, matrix_store, mn_view, operand_as_accumulator, role_arrive, role_sync, scan_slot,
-                                  smem_layout, store_matrices, transposed, vec, vector, view)
+from kernel_src.ssd_fwd import LOG2_E, P_TILE, SsdForward
+from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, async_tile_copy, buffer, fence_operands, load_tile, make_mma,
+                                  matrix_store, mn_view, role_arrive, role_sync, scan_slot, smem_layout, store_matrices,
+                                  vec, vector, view)
 from kernel_src.ssm_math import silu_approx
 
 WARPGROUP = 128
@@ -67,9 +67,6 @@ SCAN_SLOTS = 3            # Δ and cumsums, one block ahead of the products
 # named barriers: per head w, 1 + PER_HEAD w + (TR + k mod BARRIER_SLOTS, Y_FREE, Y_STAGED, WALK); then TILES_FREE +
 # k mod BARRIER_SLOTS. Three slots: a side may be two blocks ahead of the other's wait (module docstring).
 BARRIER_SLOTS = 3
-# experiment fwd_bulk_stores: y's staged rows unswizzled (a bulk copy takes a row as it lies), each padded by one
-# 16-byte vector so that stmatrix's eight rows of 16 bytes fall in distinct banks
-Y_PITCH = P_TILE + CHUNK
 TR, Y_FREE, Y_STAGED, WALK = 0, BARRIER_SLOTS, BARRIER_SLOTS + 1, BARRIER_SLOTS + 2
 PER_HEAD = WALK + 1
 TILES_FREE = 1 + HEADS * PER_HEAD
@@ -90,42 +87,12 @@ class SsdForwardPaired(SsdForward):
     family = "ssd_fwd_paired"
     d_states = (64, 128)   # (N 256 is never paired: the plan keeps it on ssd_fwd)
     # build experiments (scons experiment=NAME: cubins marked unvalidated; families.experiment_enabled tells the code)
-    experiments = ("fwd_scores_ahead", "fwd_register_operands", "fwd_bulk_stores")
+    experiments = ("fwd_scores_ahead",)
 
     def experiment_applies(self, name: str) -> bool:
-        """Whether build experiment ``name`` changes this variant (families.new_kernel): each on the
-        warp-specialized CTA only, fwd_scores_ahead without an inline pass (whose blocks before the outputs issue no
-        C·Bᵀ), fwd_register_operands at P 64 (at P 128 N 128 its build spills a few bytes: the writers, at their 72
-        registers, or at 208 for the products, a pointer the products hold)."""
-        if name == "fwd_scores_ahead":
-            return self._paired() and not self.inline_pass
-        if name == "fwd_register_operands":
-            return self._paired() and self.headdim == 64
-        return name == "fwd_bulk_stores" and self._paired()
-
-    @property
-    def bulk_stores(self) -> bool:
-        """Whether the writers copy each staged row of y to ``out`` with one bulk copy of the TMA unit (experiment
-        ``fwd_bulk_stores``; not yet measured) instead of 16-byte loads from shared memory and global stores, which
-        pass through the L1's LSU pipe that bounds the CTA (docs/PERF_NOTES.md, thirty-fourth session): by estimate
-        ~7 % of its wavefronts. No tensor map is involved (BRIEF §4): a row of P_TILE elements is contiguous in both
-        spaces. y is then staged unswizzled at a padded pitch (``Y_PITCH``), and the products fence their staging
-        for the async proxy before Y_STAGED."""
-        return experiment_enabled(self, "fwd_bulk_stores")
-
-    @property
-    def register_operands(self) -> bool:
-        """Whether h₀ and x enter the products from registers (experiment ``fwd_register_operands``; not yet
-        measured). The products then compute yᵀ (P × the block's rows) instead of y, so that both are A operands:
-        yᵀ = e ⊙ (h₀ · Cᵀ) + xᵀ · Sᵀ with h₀ rounded from the accumulators and xᵀ read with transposing ldmatrix, and
-        h = decay · h + (weighted x)ᵀ · B with the weighted xᵀ made from those registers. Nothing stages h₀ or the
-        weighted x in shared memory any more, D ⊙ x reads no x again, and only S goes through shared memory (the B
-        operand of xᵀ · Sᵀ; two slots a head, so one barrier a block). The aim is the L1's LSU pipe that bounds the
-        CTA (docs/PERF_NOTES.md, thirty-fourth session): by estimate ~40 % fewer of the product warps' own LSU
-        wavefronts, 15-20 % of the CTA's (thirty-fifth session). Each value is computed with the same operations as before, so the outputs
-        should stay bitwise ssd_fwd's, if the MMAs sum the same products the same way with the operands' roles
-        swapped (the GPU tests tell)."""
-        return experiment_enabled(self, "fwd_register_operands")
+        """Whether build experiment ``name`` changes this variant (families.new_kernel): fwd_scores_ahead on the
+        warp-specialized CTA, without an inline pass (whose blocks before the outputs issue no C·Bᵀ)."""
+        return name == "fwd_scores_ahead" and self._paired() and not self.inline_pass
 
     @property
     def scores_ahead(self) -> bool:
@@ -133,9 +100,7 @@ class SsdForwardPaired(SsdForward):
         outputs (experiment ``fwd_scores_ahead``: +29 % at N 128 on the H200, not adopted), instead of at its own start. Its
         tiles are published by then: both helpers publish block k + 1 after events of block k - 1 only (the module
         docstring's hand-offs), so the earlier TR wait cannot wait on the products themselves."""
-        ahead = experiment_enabled(self, "fwd_scores_ahead")
-        assert not (ahead and self.register_operands), "fwd_scores_ahead is written for the products from shared tiles"
-        return ahead
+        return experiment_enabled(self, "fwd_scores_ahead")
 
     @property
     def tiles_free_count(self):
@@ -186,19 +151,20 @@ class SsdForwardPaired(SsdForward):
     def _paired_storage(self, io_type):
         N, ring, tile = self.d_state, self.ring, TILE * P_TILE
 
-        def array(dtype, elements):
-            return cute.struct.Align[cute.struct.MemRange[dtype, elements], SMEM_ALIGN]
+        @cute.struct
+        class SharedStorage:
+            B: cute.struct.Align[cute.struct.MemRange[io_type, ring * TILE * N], SMEM_ALIGN]
+            C: cute.struct.Align[cute.struct.MemRange[io_type, ring * TILE * N], SMEM_ALIGN]
+            x: cute.struct.Align[cute.struct.MemRange[io_type, HEADS * ring * tile], SMEM_ALIGN]   # [head][slot]
+            z: cute.struct.Align[cute.struct.MemRange[io_type, HEADS * ring * tile], SMEM_ALIGN]
+            weighted_x: cute.struct.Align[cute.struct.MemRange[io_type, HEADS * tile], SMEM_ALIGN]
+            y: cute.struct.Align[cute.struct.MemRange[io_type, HEADS * tile], SMEM_ALIGN]          # the outputs
+            h: cute.struct.Align[cute.struct.MemRange[io_type, HEADS * P_TILE * N], SMEM_ALIGN]
+            D: cute.struct.Align[cute.struct.MemRange[Float32, HEADS * P_TILE], SMEM_ALIGN]
+            delta: cute.struct.Align[cute.struct.MemRange[Float32, HEADS * SCAN_SLOTS * TILE], SMEM_ALIGN]
+            cs: cute.struct.Align[cute.struct.MemRange[Float32, HEADS * SCAN_SLOTS * TILE], SMEM_ALIGN]
 
-        fields = dict(B=array(io_type, ring * TILE * N), C=array(io_type, ring * TILE * N),
-                      x=array(io_type, HEADS * ring * tile), z=array(io_type, HEADS * ring * tile))  # x, z: [head][slot]
-        y = array(io_type, HEADS * TILE * (Y_PITCH if self.bulk_stores else P_TILE))  # the outputs, staged
-        if self.register_operands:  # S, the one shared operand the products make: [head][block mod 2]
-            fields.update(scores=array(io_type, HEADS * 2 * TILE * TILE), y=y)
-        else:
-            fields.update(weighted_x=array(io_type, HEADS * tile), y=y, h=array(io_type, HEADS * P_TILE * N))
-        fields.update(D=array(Float32, HEADS * P_TILE), delta=array(Float32, HEADS * SCAN_SLOTS * TILE),
-                      cs=array(Float32, HEADS * SCAN_SLOTS * TILE))
-        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+        return SharedStorage
 
     @cute.kernel
     def kernel(self, args: tuple):
@@ -238,16 +204,6 @@ class SsdForwardPaired(SsdForward):
         """Head w's x (or z) tile of block k."""
         return buffer(storage_range, w * self.ring + k % self.ring, P_TILE)
 
-    def _y_tile(self, storage, w):
-        """Head w's staged y (TILE rows of P_TILE): swizzled as the other tiles, or with bulk stores rows at Y_PITCH."""
-        if self.bulk_stores:
-            offset = w * (TILE * Y_PITCH)
-            if not isinstance(w, int):  # (stmatrix needs the alignment known)
-                offset = cute.assume(offset, divby=TILE * Y_PITCH)
-            return cute.make_tensor(storage.y.data_ptr() + offset,
-                                    cute.make_layout((TILE, P_TILE), stride=(Y_PITCH, 1)))
-        return buffer(storage.y, w, P_TILE)
-
     def _sD(self, storage):
         return cute.make_tensor(storage.D.data_ptr(), cute.make_layout((HEADS, P_TILE), stride=(P_TILE, 1)))
 
@@ -264,20 +220,14 @@ class SsdForwardPaired(SsdForward):
         row, first, start, end = self._walk_tokens(a, source, segment)
         blk_first, blk_end = self._blocks(first, end)
         seq = source  # (no seq_idx here: the sequence is the row, or cu_seqlens' sequence)
-        staged = not self.register_operands  # (h₀ staged for C·h₀ᵀ, or taken from the accumulators)
+        sH = cute.make_tensor(storage.h.data_ptr() + cute.assume(w * (P_TILE * N), divby=P_TILE * N),
+                              smem_layout((P_TILE, N)))
         mma = make_mma(io_type, tid, self.warps, warpgroups=1)
         acc_h = cute.make_rmem_tensor(mma.thr.partition_shape_C((P_TILE, N)), Float32)
-        sY = self._y_tile(storage, w)
-        sH = None
-        if cutlass.const_expr(staged):
-            sH = cute.make_tensor(storage.h.data_ptr() + cute.assume(w * (P_TILE * N), divby=P_TILE * N),
-                                  smem_layout((P_TILE, N)))
-            staging = (matrix_store(mma, sY, io_type), matrix_store(mma, sH, io_type))  # y, h₀
-        else:  # yᵀ into y's rows
-            staging = (matrix_store(mma, transposed(sY, TILE, P_TILE), io_type, transpose=True), None)
+        staging = (matrix_store(mma, buffer(storage.y, w, P_TILE), io_type), matrix_store(mma, sH, io_type))  # y, h₀
         walk_barrier = head_barrier(w, WALK)
         if self._from_row_start(segment):
-            self._begin_sequence(a, states, mma, acc_h, sH, seq, h, p0, io_type, staged)
+            self._begin_sequence(a, states, mma, acc_h, sH, seq, h, p0, io_type)
         else:  # the chunk state before start, as the states-only pass or the segment before this one left it
             if a.has_segment_flags != 0:  # (ssd_fwd's _await_flag on the warpgroup's barrier)
                 if tid == 0:
@@ -287,7 +237,7 @@ class SsdForwardPaired(SsdForward):
                                                sem="acquire", scope="gpu")
                 role_sync(walk_barrier, WARPGROUP)
             self._set_state(mma, acc_h, sH, states.chunks[row, start // a.chunk_size - 1, h, None, None], True, p0,
-                            io_type, staged)
+                            io_type)
         fence_operands(mma)
         # as in ssd_fwd: a states-only pass wrote the chunk states of every segment but the last; a handover's
         # segments write theirs but the last
@@ -321,33 +271,23 @@ class SsdForwardPaired(SsdForward):
         """Block blk (the walk's k-th): the products once its tiles are published, y finished and staged, h₀ of the
         next block staged. ``scores``: its C·Bᵀ, issued by the block before (:attr:`scores_ahead`)."""
         ahead = scores is not None
-        registers = self.register_operands
         sB, sC, sX, sDelta, sCs, sXw, block_start, s0, s1 = self._block_tiles(storage, w, blk, k, start, end,
                                                                                published=ahead)
-        x = sX  # (for D ⊙ x: x's tile, or with register operands the A operand the products read it into)
-        if cutlass.const_expr(registers):  # yᵀ
-            acc_y, x = self._register_products(storage, mma, acc_h, w, k, (sB, sC, sX, sDelta, sCs), s0, s1,
-                                                walk_barrier, io_type)
-        else:
-            # ssd_fwd's products on the warpgroup-MMA path (no S tile, y returned in registers), on the warpgroup's
-            # barrier
-            acc_y = self._products((mma, acc_h, sX, sB, sC, None, sXw, None, sH, sDelta, sCs), s0, s1, tid, io_type,
-                                   walk_barrier, scores)
+        # ssd_fwd's products on the warpgroup-MMA path (no S tile, y returned in registers), on the warpgroup's barrier
+        acc_y = self._products((mma, acc_h, sX, sB, sC, None, sXw, None, sH, sDelta, sCs), s0, s1, tid, io_type,
+                               walk_barrier, scores)
         if cutlass.const_expr(ahead):  # the next block's C·Bᵀ runs during this block's outputs
             self._issue_scores(storage, mma, scores, w, k + 1, (blk + 1) * TILE < end)  # (block blk + 1 < blk_end)
         if stores_chunks:
             self._store_chunk_state(a, states, mma, acc_h, row, h, p0, block_start + s1 - 1, a.seqlen)
         role_sync(head_barrier(w, Y_FREE), Y_COUNT)  # (the writers have written sD before their first arrival)
         if a.has_D != 0:
-            self._add_skip(mma, acc_y, x, self._sD(storage), w)
+            self._add_skip(mma, acc_y, sX, self._sD(storage), w)
         if a.has_z != 0:
             self._gate(mma, acc_y, self._ring_tile(storage.z, w, k))
         store_matrices(staging[0], acc_y, io_type)
-        if cutlass.const_expr(not registers):
-            store_matrices(staging[1], acc_h, io_type)
-            fence_operands(mma)  # (h₀ for the next block's C·h₀ᵀ; y too, for the writers' bulk copies)
-        elif cutlass.const_expr(self.bulk_stores):  # (the writers' bulk copies read y through the async proxy)
-            cute.arch.fence_proxy("async.shared", space="cta")
+        store_matrices(staging[1], acc_h, io_type)
+        fence_operands(mma)  # (h₀ for the next block's C·h₀ᵀ)
         role_arrive(head_barrier(w, Y_STAGED), Y_COUNT)
         role_arrive(TILES_FREE + k % BARRIER_SLOTS, self.tiles_free_count)
 
@@ -360,7 +300,7 @@ class SsdForwardPaired(SsdForward):
         sX = self._ring_tile(storage.x, w, k)
         sDelta = self._scan_slot(storage.delta, w, k)
         sCs = self._scan_slot(storage.cs, w, k)
-        sXw = None if self.register_operands else buffer(storage.weighted_x, w, P_TILE)
+        sXw = buffer(storage.weighted_x, w, P_TILE)
         if cutlass.const_expr(not published):
             self._await_published(w, k)
         block_start = blk * TILE
@@ -395,107 +335,33 @@ class SsdForwardPaired(SsdForward):
         too)."""
         sB, _, sX, sDelta, sCs, sXw, _, s0, s1 = self._block_tiles(storage, w, blk, k, first, end)
         base, cs_end = self._run_cumsums(sCs, s0, s1)
-        if cutlass.const_expr(self.register_operands):  # (no shared operand of the warpgroup's: no barrier)
-            weighted = self._weighted_operand(mma, mma.load_operand(transposed(sX, TILE, P_TILE), TILE),
-                                              self._column_values(mma, sCs, sDelta, s0), s0, s1, cs_end, io_type)
-            self._advance_state(mma, acc_h, weighted, sB, base, cs_end, from_registers=True)
-        else:
-            self._weigh_rows(sX, sXw, sDelta, sCs, s0, s1, cs_end, tid, io_type)
-            fence_operands(mma)
-            self._walk_sync(walk_barrier)  # the weighted x is complete
-            self._advance_state(mma, acc_h, sXw, sB, base, cs_end)
-            self._walk_sync(walk_barrier)  # every warp done reading the weighted x
-            store_matrices(staging[1], acc_h, io_type)
-            fence_operands(mma)  # (h₀ for the next block's C·h₀ᵀ)
+        self._weigh_rows(sX, sXw, sDelta, sCs, s0, s1, cs_end, tid, io_type)
+        fence_operands(mma)
+        self._walk_sync(walk_barrier)  # the weighted x is complete
+        self._advance_state(mma, acc_h, sXw, sB, base, cs_end)
+        self._walk_sync(walk_barrier)  # every warp done reading the weighted x
+        store_matrices(staging[1], acc_h, io_type)
+        fence_operands(mma)  # (h₀ for the next block's C·h₀ᵀ)
         role_arrive(TILES_FREE + k % BARRIER_SLOTS, self.tiles_free_count)
 
-    # ---- register operands (experiment fwd_register_operands)
-
     @cute.jit
-    def _register_products(self, storage, mma, acc_h, w, k, tiles, s0, s1, walk_barrier, io_type: cutlass.Constexpr):
-        """:meth:`_products` with h₀ and x as register operands (:attr:`register_operands`): rows [s0, s1) of block
-        k (the walk's) of head w, y transposed (P × the block's rows) before D and the gate, and h advanced past the
-        rows; returns (yᵀ, xᵀ as the A operand read for it). When it returns, no MMA reads the block's tiles or S."""
-        sB, sC, sX, sDelta, sCs = tiles
-        N = self.d_state
-        base, cs_end = self._run_cumsums(sCs, s0, s1)
-        acc_s = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
-        acc_y = cute.make_rmem_tensor(mma.thr.partition_shape_C((P_TILE, TILE)), Float32)
-        # h₀ · Cᵀ first, so that its operand's registers (h₀ rounded) are free again before S is masked
-        mma.gemm_registers(acc_y, mma.accumulator_operand(acc_h, N), sC, N // 16, wait=False, b_transposed=False,
-                           accumulate=False)  # yᵀ = h₀ · Cᵀ
-        mma.gemm(acc_s, sC, sB, N // 16, wait=False, accumulate=False)  # S = C·Bᵀ
-        mma.wait(1)  # (h₀ · Cᵀ; C·Bᵀ runs on while the column values and x are read: ptxas waits for it there)
-        columns = self._column_values(mma, sCs, sDelta, s0)
-        x = mma.load_operand(transposed(sX, TILE, P_TILE), TILE)
-        # e_i = 2^(cs_i - base) on yᵀ's columns (rows i of the block): C·h₀ᵀ as the entering state's contribution
+    def _add_skip(self, mma, acc_y, sX, sD, w):
+        """y += D ⊙ x over the accumulator (one FFMA per element, as ssd_fwd's row pass), x from its tile."""
         Y = mn_view(acc_y)
-        cs_cols = columns[0]
-        for c in cutlass.range_constexpr(cute.size(Y, mode=[1])):
-            decay = cute.math.exp2(cute.math.min(cs_cols[c] - base, Float32(0.0)), fastmath=True)
+        X = mn_view(mma.thr.partition_C(sX))
+        columns = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P_TILE))))
+        for n in cutlass.range_constexpr(cute.size(Y, mode=[1]) // 2):
+            d = cute.zipped_divide(sD[w, None], (2,))[None, columns[0, (0, n)][1] // 2].load()  # a column pair's D
             for r in cutlass.range_constexpr(cute.size(Y, mode=[0])):
-                Y[r, c] = Y[r, c] * decay
-        weighted = self._weighted_operand(mma, x, columns, s0, s1, cs_end, io_type)
-        mma.wait()  # (C·Bᵀ)
-        self._mask_scores(mma, acc_s, sDelta, sCs, s0, s1, columns)
-        sS = buffer(storage.scores, w * 2 + k % 2, TILE)  # (two slots: the one written was last read two blocks ago)
-        store_matrices(matrix_store(mma, sS, io_type), acc_s, io_type)
-        fence_operands(mma)
-        self._walk_sync(walk_barrier)  # every warp's rows of S are staged
-        mma.gemm_registers(acc_y, x, sS, TILE // 16, wait=False, b_transposed=False)  # yᵀ += xᵀ · Sᵀ
-        self._advance_state(mma, acc_h, weighted, sB, base, cs_end, from_registers=True)  # (waits for both)
-        return acc_y, x
-
-    @cute.jit
-    def _weighted_operand(self, mma, x, columns, s0, s1, cs_end, io_type: cutlass.Constexpr):
-        """The weighted xᵀ as a register A operand: x's rows s (xᵀ's columns) times Δ_s 2^(cs_end - cs_s) on [s0, s1),
-        zero elsewhere, with :meth:`_weigh_rows`' operations (the factor rounded to the I/O dtype, the product taken in
-        it), from ``x`` (:meth:`WarpgroupMmaParts.load_operand`) and the columns' (cumsums, Δ)."""
-        cs_cols, delta_cols = columns
-        weighted = cute.make_rmem_tensor_like(x)
-        X = mn_view(operand_as_accumulator(mma, x, P_TILE, TILE))
-        W = mn_view(operand_as_accumulator(mma, weighted, P_TILE, TILE))
-        coords = mn_view(mma.thr.partition_C(cute.make_identity_tensor((P_TILE, TILE))))
-        factors = cute.make_rmem_tensor((2,), io_type)
-        for n in cutlass.range_constexpr(cute.size(X, mode=[1]) // 2):
-            for e in cutlass.range_constexpr(2):
-                factors[e] = row_weight(coords[0, (e, n)][1], s0, s1, cs_end, cs_cols, delta_cols, 2 * n + e).to(io_type)
-            pair = factors.load()
-            for r in cutlass.range_constexpr(cute.size(X, mode=[0])):
-                W[r, (None, n)].store(X[r, (None, n)].load() * pair)
-        return weighted
-
-    @cute.jit
-    def _add_skip(self, mma, acc_y, x, sD, w):
-        """y += D ⊙ x over the accumulator (one FFMA per element, as ssd_fwd's row pass), ``x`` its tile, or with
-        register operands (yᵀ, P on the rows) the A operand the products read it into."""
-        Y = mn_view(acc_y)
-        if cutlass.const_expr(self.register_operands):
-            X = mn_view(operand_as_accumulator(mma, x, P_TILE, TILE))
-            rows = mn_view(mma.thr.partition_C(cute.make_identity_tensor((P_TILE, TILE))))
-            for r in cutlass.range_constexpr(cute.size(Y, mode=[0])):
-                d = sD[w, rows[r, 0][0]]  # the row's D
-                for c in cutlass.range_constexpr(cute.size(Y, mode=[1])):
-                    Y[r, c] = Y[r, c] + d * X[r, c].to(Float32)
-        else:
-            X = mn_view(mma.thr.partition_C(x))
-            columns = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P_TILE))))
-            for n in cutlass.range_constexpr(cute.size(Y, mode=[1]) // 2):
-                d = cute.zipped_divide(sD[w, None], (2,))[None, columns[0, (0, n)][1] // 2].load()  # a column pair's D
-                for r in cutlass.range_constexpr(cute.size(Y, mode=[0])):
-                    xv = X[r, (None, n)].load().to(Float32)
-                    Y[r, (0, n)] = Y[r, (0, n)] + d[0] * xv[0]
-                    Y[r, (1, n)] = Y[r, (1, n)] + d[1] * xv[1]
+                xv = X[r, (None, n)].load().to(Float32)
+                Y[r, (0, n)] = Y[r, (0, n)] + d[0] * xv[0]
+                Y[r, (1, n)] = Y[r, (1, n)] + d[1] * xv[1]
 
     @cute.jit
     def _gate(self, mma, acc_y, sZ):
-        """y ·= silu(z) over the accumulator, z from its tile (with register operands read into an A operand's
-        registers, as x is: yᵀ has P on the rows)."""
+        """y ·= silu(z) over the accumulator, z from its tile."""
         Y = mn_view(acc_y)
-        if cutlass.const_expr(self.register_operands):
-            Z = mn_view(operand_as_accumulator(mma, mma.load_operand(transposed(sZ, TILE, P_TILE), TILE), P_TILE, TILE))
-        else:
-            Z = mn_view(mma.thr.partition_C(sZ))
+        Z = mn_view(mma.thr.partition_C(sZ))
         for n in cutlass.range_constexpr(cute.size(Y, mode=[1]) // 2):
             for r in cutlass.range_constexpr(cute.size(Y, mode=[0])):
                 zv = Z[r, (None, n)].load().to(Float32)
@@ -709,31 +575,8 @@ class SsdForwardPaired(SsdForward):
 
     @cute.jit
     def _store_outputs(self, outputs, w, blk):
-        """Head h0 + w's staged y of block blk to ``out``, its rows in [start, end); once it returns, the staged y may
-        be written again."""
-        if cutlass.const_expr(self.bulk_stores):
-            self._bulk_store_outputs(outputs, w, blk)
-        else:
-            self._copy_outputs(outputs, w, blk)
-
-    @cute.jit
-    def _bulk_store_outputs(self, outputs, w, blk):
-        """:meth:`_store_outputs` by the TMA unit: writer t's row t as one bulk copy of P_TILE elements, waited for
-        until it has read the staged row (its writes to ``out`` complete on their own). The wait is the one ptxas
-        also uses for cp.async groups (``DEPBAR.LE SB0``): it would wait for x and z loads issued before it too. None
-        are pending here (the writers wait for theirs when they publish a block); keep it so."""
-        assert WRITERS == TILE, "a writer per row"
-        _, storage, out, row, h0, ptile, start, end, t = outputs
-        tok = blk * TILE + t
-        if (tok >= start) & (tok < end):
-            bulk_store(out[row, tok, h0 + w, None].iterator + ptile * P_TILE, self._y_tile(storage, w)[t, None].iterator,
-                       P_TILE * out.element_type.width // 8)
-        cute.arch.cp_async_bulk_commit_group()
-        cute.arch.cp_async_bulk_wait_group(0, read=True)
-
-    @cute.jit
-    def _copy_outputs(self, outputs, w, blk):
-        """:meth:`_store_outputs` through registers: writer t takes the 16-byte runs t mod 8 of rows t / 8 + 8 i."""
+        """Head h0 + w's staged y of block blk to ``out``, its rows in [start, end): writer t takes the 16-byte runs
+        t mod 8 of rows t / 8 + 8 i."""
         _, storage, out, row, h0, ptile, start, end, t = outputs
         sY = buffer(storage.y, w, P_TILE)
         rows = out[row, None, h0 + w, None]

@@ -198,11 +198,8 @@ class WarpgroupMmaParts:
         modes = {(False, False): (k, k), (False, True): (k, mn), (True, True): (mn, mn)}  # by (A, B) transposed
         self.by_major = {major: tiled(*modes[major]) for major in modes}
         self.fresh = {major: tiled(*modes[major], accumulate=False) for major in modes}
-        # A from registers (K-major by construction), by (B transposed, accumulate): an MN-major B for S · x with S
-        # straight from the mask; a K-major one too for ssd_fwd_paired's register operands
-        self.from_registers = {(b_transposed, accumulate): tiled(k, mn if b_transposed else k,
-                                                                 warpgroup.OperandSource.RMEM, accumulate)
-                               for b_transposed in (False, True) for accumulate in (False, True)}
+        # A from registers (K-major by construction), B an MN-major tile: S · x with S straight from the mask
+        self.from_registers = tiled(k, mn, warpgroup.OperandSource.RMEM)
         self.thr = self.by_major[(False, False)].get_slice(tid)  # the accumulators' layout: the same for all
         self.tid = tid
         self.io_type = io_type
@@ -251,7 +248,7 @@ class WarpgroupMmaParts:
         registers that hold it: an m64nK accumulator's values (column pair, row half, 8-column block) are, in
         order, the k16 A fragments' (column pair, row half, k half, k block), so the value at each index carries
         over. One warpgroup only: side by side along N, each would hold part of the columns A needs whole."""
-        thr = self.from_registers[(True, True)].get_slice(self.tid)
+        thr = self.from_registers.get_slice(self.tid)
         frag = thr.make_fragment_A(thr.partition_shape_A((64, k)))
         assert cute.size(frag) == cute.size(acc), "the accumulator must hold the operand's every value (one warpgroup)"
         for e in cutlass.range_constexpr(cute.size(acc)):
@@ -259,37 +256,12 @@ class WarpgroupMmaParts:
         return frag
 
     @cute.jit
-    def load_operand(self, sA, k: cutlass.Constexpr):
-        """A 64 × ``k`` M-contiguous shared view (the transposed view of a (k, 64) tile) as the A operand of
-        :meth:`gemm_registers`, read with transposing ldmatrix (four 8 × 8 matrices an instruction). Its value at
-        each index is at the coordinates of an m64nK accumulator's value at that index (:meth:`accumulator_operand`),
-        so :func:`operand_as_accumulator` gives its (rows, columns) view."""
-        tiled_mma = self.from_registers[(True, True)]
-        thr = tiled_mma.get_slice(self.tid)
-        frag = thr.make_fragment_A(thr.partition_shape_A((64, k)))
-        copy = cute.make_tiled_copy_A(
-            cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.io_type), tiled_mma)
-        thr_copy = copy.get_slice(self.tid)
-        cute.copy(copy, thr_copy.partition_S(sA), thr_copy.retile(frag))
-        return frag
-
-    @cute.jit
-    def gemm_registers(self, acc, frag_A, sB, k_blocks: cutlass.Constexpr, wait: cutlass.Constexpr = True,
-                       b_transposed: cutlass.Constexpr = True, accumulate: cutlass.Constexpr = True):
-        """acc += A · sBᵀ with A in registers (:meth:`accumulator_operand`, :meth:`load_operand`) and ``sB`` a
-        transposed (MN-major) tile view, or without ``b_transposed`` an (N × K) K-contiguous tile; without
-        ``accumulate`` the first k block overwrites acc."""
-        tiled_mma = self.from_registers[(b_transposed, True)]
+    def gemm_registers(self, acc, frag_A, sB, k_blocks: cutlass.Constexpr, wait: cutlass.Constexpr = True):
+        """acc += A · sBᵀ with A an :meth:`accumulator_operand` and ``sB`` a transposed (MN-major) tile view."""
+        tiled_mma = self.from_registers
         thr = tiled_mma.get_slice(self.tid)
         frag_B = tiled_mma.make_fragment_B(thr.partition_B(self._operand(sB)))
-        first = None if accumulate else self.from_registers[(b_transposed, False)]
-        self._issue(tiled_mma, acc, frag_A, frag_B, k_blocks, wait, first)
-
-
-def operand_as_accumulator(mma, frag, rows: int, cols: int):
-    """A register A operand of ``rows`` × ``cols`` (:meth:`WarpgroupMmaParts.load_operand`) as the m64nN accumulator
-    whose values sit at the same coordinates, index for index: in the same registers, for :func:`mn_view`."""
-    return cute.make_tensor(frag.iterator, cute.make_layout(mma.thr.partition_shape_C((rows, cols))))
+        self._issue(tiled_mma, acc, frag_A, frag_B, k_blocks, wait)
 
 
 def make_mma(io_type, tid, warps, warpgroups: int):
@@ -308,16 +280,6 @@ def role_sync(barrier_id: int, number_of_threads: int, *, loc=None, ip=None):
     synccheck reports the aligned form here as a divergent barrier)."""
     nvvm.barrier_cta_sync(Int32(barrier_id).ir_value(loc=loc, ip=ip),
                           thread_count=Int32(number_of_threads).ir_value(loc=loc, ip=ip), aligned=False, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def bulk_store(dst, src, size: int, *, loc=None, ip=None):
-    """``size`` bytes (a multiple of 16) from shared memory at ``src`` to global memory at ``dst`` (cute pointers, both
-    16-byte aligned), copied by the TMA unit without a tensor map (``cp.async.bulk.global.shared::cta``): no LSU
-    instruction moves the data. Tracked by ``cp_async_bulk_commit_group`` / ``cp_async_bulk_wait_group``; the writes
-    that made ``src`` must be fenced for the async proxy (``fence.proxy.async.shared::cta``) before it is issued."""
-    nvvm.cp_async_bulk_global_shared_cta(dst.to_llvm_ptr(loc=loc, ip=ip), src.to_llvm_ptr(loc=loc, ip=ip),
-                                         Int32(size).ir_value(loc=loc, ip=ip), loc=loc, ip=ip)
 
 
 def role_arrive(barrier_id: int, number_of_threads: int):
@@ -402,12 +364,11 @@ def store_pairs(frag, smem, dtype: cutlass.Constexpr):
             smem[r, (None, n)].store(pair.load())
 
 
-def matrix_store(mma, smem, dtype, transpose: bool = False):
+def matrix_store(mma, smem, dtype):
     """A warpgroup MMA accumulator's stores into its tile ``smem`` in ``dtype`` (16-bit) with stmatrix, four 8 × 8
     matrices (8 values of a thread) per shared store where :func:`store_pairs` stores 2; made once, outside a loop
-    that stores into the same tile. With ``transpose``, ``smem`` is the transposed view of a tile whose rows are the
-    accumulator's columns, written with transposing stmatrix. For :func:`store_matrices`."""
-    copy = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose, 4), dtype),
+    that stores into the same tile. For :func:`store_matrices`."""
+    copy = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), dtype),
                                   mma.by_major[(False, False)])
     thr = copy.get_slice(mma.tid)
     return copy, thr, thr.partition_D(smem)

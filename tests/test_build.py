@@ -361,63 +361,6 @@ def test_the_scores_ahead_experiment_runs_the_next_blocks_product_during_the_out
         assert entry["validated"] is not ahead
 
 
-def test_the_register_operands_experiment_takes_h0_and_x_from_registers(tmp_path):
-    """``experiment=fwd_register_operands`` (ssd_fwd_paired's products with h₀ and x as register A operands; not yet
-    measured): the same number of products, some now reading A from registers; x and z read with transposing ldmatrix,
-    no h₀ staged (8 stmatrix a block, not 12, at N 128), no weighted x stored, far fewer shared loads, one barrier
-    fewer, in the product warpgroups' code; unvalidated. Where it does not apply (P 128, sm_100a's walk) the variant is the default, validated."""
-    constants = {"headdim": 64, "d_state": 128, "io_dtype": "bf16", "state_dtype": "fp32"}
-    counts = {}
-    for experiments in ((), ("fwd_register_operands",)):
-        cubin, entry = _compile(tmp_path, "sm_90a", "ssd_fwd_paired", constants, experiments)
-        sass = cubin_checks.sass(cubin, toolchain.cuobjdump())
-        products = sass[:sass.index("USETMAXREG.DEALLOC")]  # (the product warpgroups' code, before the helper's)
-        counts[bool(experiments)] = entry, {name: len(re.findall(pattern, products)) for name, pattern in (
-            ("mma", r"\bHGMMA\."), ("mma_from_registers", r"\bHGMMA\.\S+ R\d+, R\d+, gdesc"),
-            ("ldmatrix_t", r"\bLDSM\.16\.MT88\.4\b"), ("stmatrix", r"\bSTSM\.16\.MT?88\.4\b"),
-            ("shared_loads", r"\bLDS(\.\d+)? "), ("shared_vector_stores", r"\bSTS\.128\b"),
-            ("barriers", r"\bBAR\.SYNC\b"))}
-    (default, base), (registers, regs) = counts[False], counts[True]
-    assert default["validated"] is True and "experiments" not in default
-    assert registers["validated"] is False and registers["experiments"] == ["fwd_register_operands"]
-    assert regs["mma"] == base["mma"] and base["mma_from_registers"] == 4 < regs["mma_from_registers"]  # (S·x's 4)
-    assert base["ldmatrix_t"] == 0 and regs["ldmatrix_t"] == 8  # x and z, four each
-    assert (base["stmatrix"], regs["stmatrix"]) == (12, 8)
-    assert regs["shared_loads"] < base["shared_loads"] // 2 and regs["shared_vector_stores"] < base["shared_vector_stores"]
-    assert regs["barriers"] == base["barriers"] - 1
-    for arch, headdim in (("sm_100a", 64), ("sm_90a", 128)):
-        kernel = families.new_kernel("ssd_fwd_paired", {**constants, "headdim": headdim}, arch,
-                                     ["fwd_register_operands"])
-        assert kernel.enabled_experiments == frozenset() and not kernel.register_operands
-
-
-def test_the_bulk_stores_experiment_copies_the_outputs_by_the_tma_unit(tmp_path):
-    """``experiment=fwd_bulk_stores`` (ssd_fwd_paired's writers copy each staged row of y to ``out`` with a bulk copy of
-    the TMA unit; not yet measured): the helper warpgroup's code issues bulk copies and no 16-byte global stores; by
-    default the reverse. The staged y is fenced for the async proxy before the writers copy it: by the fence that
-    follows h₀'s staging, or, with register operands (no h₀ staged), by one of its own. Unvalidated."""
-    constants = {"headdim": 64, "d_state": 64, "io_dtype": "bf16", "state_dtype": "fp32"}
-    fences = {}
-    for experiments in ((), ("fwd_bulk_stores",), ("fwd_register_operands",),
-                        ("fwd_bulk_stores", "fwd_register_operands")):
-        bulk = "fwd_bulk_stores" in experiments
-        cubin, entry = _compile(tmp_path, "sm_90a", "ssd_fwd_paired", constants, experiments)
-        sass = cubin_checks.sass(cubin, toolchain.cuobjdump())
-        split = sass.index("USETMAXREG.DEALLOC")
-        products, helpers = sass[:split], sass[split:]
-        assert ("UBLKCP" in helpers) == bulk and ("STG.E.128" in helpers) != bulk
-        assert "UBLKCP" not in products
-        assert entry["validated"] is not bool(experiments)
-        # the products' last shared store of a block (y's staging) is followed by a proxy fence before Y_STAGED
-        last_staging = products.rindex("STSM")
-        after = products[last_staging:products.index("BAR.ARV", last_staging)]
-        fences[experiments] = "FENCE.VIEW.ASYNC.S" in after
-    assert fences == {(): True, ("fwd_bulk_stores",): True, ("fwd_register_operands",): False,
-                      ("fwd_bulk_stores", "fwd_register_operands"): True}
-    kernel = families.new_kernel("ssd_fwd_paired", constants, "sm_100a", ["fwd_bulk_stores"])
-    assert kernel.enabled_experiments == frozenset() and not kernel.bulk_stores
-
-
 def test_an_experiment_that_changes_no_variant_is_reported():
     """``experiment=fwd_scores_ahead`` on sm_100a (which declines it: no wgmma there) builds the default cubins; the
     build says so instead of passing the request over in silence."""
