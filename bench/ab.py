@@ -118,7 +118,8 @@ def round_order(labels: list[str], r: int) -> list[str]:
 
 
 def report(family: str, positions: list[int], runs: dict[str, list[list[dict]]]) -> str:
-    """Per shape, each build's medians against A's (the call and each kernel), and whether its outputs are A's."""
+    """Per shape, each build's medians against A's (the call, with each round's time, and each kernel), and whether its
+    outputs are A's."""
     lines = []
     base = "A"
     for k, position in enumerate(positions):
@@ -131,7 +132,8 @@ def report(family: str, positions: list[int], runs: dict[str, list[list[dict]]])
         for label in runs:
             us = median(label, lambda result: result["us"])
             versus = "" if label == base else f"  ({100 * (us / a_us - 1):+.1f} % against A)"
-            lines.append(f"  {family} {label}: {us:8.1f} us{versus}")
+            rounds = " / ".join(f"{run[k]['us']:.1f}" for run in runs[label])  # (the spread: is a difference noise?)
+            lines.append(f"  {family} {label}: {us:8.1f} us{versus}  rounds {rounds}")
         for kernel in sorted({name for label in runs for run in runs[label] for name in run[k]["kernels"]}):
             times = {label: median(label, lambda result: result["kernels"].get(kernel, float("nan"))) for label in runs}
             lines.append(f"    {kernel:<40} " + "  ".join(

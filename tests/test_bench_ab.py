@@ -37,8 +37,9 @@ def test_the_report_gives_each_build_against_the_baseline_and_its_outputs():
             "C": [_result(110.0, 90.0, "bb"), _result(111.0, 91.0, "cc")]}
     text = ab.report("ssd_fwd", [0], runs)
     assert ab.REFERENCE_SHAPES[0].name in text
-    assert "ssd_fwd B:     91.0 us  (-9.9 % against A)" in text
-    assert "ssd_fwd C:    110.5 us  (+9.4 % against A)" in text
+    assert "ssd_fwd A:    101.0 us  rounds 100.0 / 102.0" in text
+    assert "ssd_fwd B:     91.0 us  (-9.9 % against A)  rounds 90.0 / 92.0" in text
+    assert "ssd_fwd C:    110.5 us  (+9.4 % against A)  rounds 110.0 / 111.0" in text
     assert "outputs A vs B: bitwise equal" in text
     assert "outputs A vs C: DIFFER" in text
     assert "NOT DETERMINISTIC: build C's outputs differ between rounds" in text
