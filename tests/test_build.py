@@ -289,19 +289,18 @@ def test_every_ssd_fwd_variant_the_plan_may_send_to_a_step_is_built_there(config
 def test_every_ssd_bwd_chunk_variant_has_the_other_steps_of_its_backward_built(config):
     """A backward launches the recompute (ssd_fwd_states) and ssd_bwd_dstates, or both side by side (ssd_bwd_walks,
     for the d_states it has), then ssd_bwd_chunk and ssd_bwd_reduce: each config builds, for every ssd_bwd_chunk
-    variant, the other steps' variants with its constants, so that every chunk cubin built can run."""
-    from mamba2_aot.plans.ssd_bwd import WALKS_D_STATES
+    variant, the other steps' variants with its constants (those the step's family has), so that every chunk cubin
+    built can run."""
     matrix = tomllib.loads((ROOT / "build_configs" / f"{config}.toml").read_text())
-    built = {families.variant_key(f, c) for f, c in families.expand(matrix)}
+    variants = families.expand(matrix)
+    built = {families.variant_key(f, c) for f, c in variants}
     missing = []
-    for family, c in families.expand(matrix):
-        if family != "ssd_bwd_chunk":
-            continue
-        needs = [("ssd_fwd_states", c), ("ssd_bwd_dstates", {k: c[k] for k in ("headdim", "d_state", "io_dtype")}),
-                 ("ssd_bwd_reduce", {k: c[k] for k in ("headdim", "io_dtype")})]
-        if c["d_state"] in WALKS_D_STATES:
-            needs.append(("ssd_bwd_walks", c))
-        missing += [families.variant_key(f, needed) for f, needed in needs if families.variant_key(f, needed) not in built]
+    for c in (c for f, c in variants if f == "ssd_bwd_chunk"):
+        for step in ("ssd_fwd_states", "ssd_bwd_dstates", "ssd_bwd_walks", "ssd_bwd_reduce"):
+            if c["d_state"] in getattr(families.kernel_class(step), "d_states", (c["d_state"],)):
+                key = families.variant_key(step, {k: c[k] for k in matrix[step]})
+                if key not in built:
+                    missing.append(key)
     assert not missing, f"{config}: ssd_bwd_chunk variants built without the rest of their backward: {missing}"
 
 
