@@ -707,8 +707,7 @@ class SsdBackwardChunk:
             s_parts[k * THREADS + tid] = Float32(0.0)
 
         if a.has_z != 0:
-            self._gate(t, sm, sZ, row, h, block_start, rows, tid, io_type)
-            fence_operands(mma)
+            self._gate(t, sm, mma, sZ, row, h, block_start, rows, tid, io_type)
             self._sync()
             if cutlass.const_expr(self.warp_specialized):
                 role_arrive(GATED, THREADS + 32)
@@ -808,9 +807,11 @@ class SsdBackwardChunk:
         sm.slope[lane + 32] = slope1
 
     @cute.jit
-    def _gate(self, t, sm, sZ, row, h, block_start, rows, tid, io_type: cutlass.Constexpr):
-        """G = dout ⊙ silu(z) over dout's tile, and dout ⊙ silu'(z) (zero outside every sequence) into dz, where
-        _finish multiplies it by y once the head's y is known (shared memory has no room to keep it)."""
+    def _gate(self, t, sm, mma, sZ, row, h, block_start, rows, tid, io_type: cutlass.Constexpr):
+        """G = dout ⊙ silu(z) over dout's tile, fenced for the products, and dout ⊙ silu'(z) (zero outside every
+        sequence) into dz, where _finish multiplies it by y once the head's y is known (shared memory has no room to
+        keep it). The dz stores come after the proxy fence, whose MEMBAR would wait for them to land; the barrier
+        after this still orders them before _finish's loads of them."""
         P = self.columns
         per_row = THREADS // TILE
         s = tid // per_row
@@ -821,6 +822,7 @@ class SsdBackwardChunk:
         for k in cutlass.range_constexpr(chunks // per_row):
             chunk = part * (chunks // per_row) + k
             loaded.append((vector(sm.G[s, None], chunk).load(), vector(sZ[s, None], chunk).load()))
+        factors = []
         for k in cutlass.range_constexpr(chunks // per_row):
             chunk = part * (chunks // per_row) + k
             dout = vector(sm.G[s, None], chunk)
@@ -834,8 +836,11 @@ class SsdBackwardChunk:
                 dz[e] = Float32(cutlass.select_(inside, ds[e] * sig * (Float32(1.0) + zs[e] * (Float32(1.0) - sig)),
                                                 Float32(0.0)))
             dout.store(gated.load().to(io_type))
-            if s < rows:
-                vector(t.dz[row, block_start + s, h, None], chunk).store(dz.load().to(t.dz.element_type))
+            factors.append(dz.load().to(t.dz.element_type))
+        fence_operands(mma)
+        if s < rows:
+            for k in cutlass.range_constexpr(chunks // per_row):
+                vector(t.dz[row, block_start + s, h, None], part * (chunks // per_row) + k).store(factors[k])
 
     @cute.jit
     def _first_run(self, sm):
@@ -1117,13 +1122,14 @@ class SsdBackwardChunk:
         coords_p = mn_view(mma.thr.partition_C(cute.make_identity_tensor((TILE, P))))
         G_rows = mn_view(mma.thr.partition_C(sm.G))
         parts = sm.part_slots
-        factors = None  # (dz's factors, when read here: early_dz_factors)
+        fence_operands(mma)
+        self._sync()
+        factors = None  # (dz's factors, when read here: early_dz_factors; after the proxy fence, whose MEMBAR waits
+        # for every load of the thread still in flight)
         if cutlass.const_expr(self.early_dz_factors):
             factors = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P)), t.dz.element_type)
             if a.has_z != 0:
                 self._load_dz_factors(t, mma, factors, row, h, blk, rows)
-        fence_operands(mma)
-        self._sync()
         if cutlass.const_expr(self.products_ahead):  # (dx's and y's products run during the straddling sums)
             self._dx_product(sm, mma, acc_dx, wait=False)
             self._y_product(sm, mma, acc_y, wait=False)

@@ -176,8 +176,7 @@ class SsdBackwardStates:
                     dt0, dt1, here0, before0, here1, before1 = load_raw_block(
                         a, dt, seq_idx, row, h, block_start - (warp_id + SCAN_GROUP) * TILE, start, end, lane)
             cute.arch.cp_async_wait_group(1)  # this block's tiles (the next block's may still be in flight)
-            fence_operands(mma)  # (wgmma reads C through the async proxy)
-            cute.arch.sync_threads()
+            cute.arch.sync_threads()  # (each run's proxy fence covers the C tile too, before its product)
 
             slot_cs = scan_slot(sCs, i % SCAN_GROUP)
             slot_changes = scan_slot(sChanges, i % SCAN_GROUP)
@@ -200,10 +199,8 @@ class SsdBackwardStates:
                         if seq < a.num_seqs:
                             valid = Int32(1)
                     load_state(acc, mma, dfinal[cute.math.min(seq, a.num_seqs - 1), h, None, None], p0, valid)
-                if s1 == block_last:
-                    store_state_vectors(dstates[row, blk, h, None, None], mma, acc, p0, io_type)
-
-                self._run(a, mma, acc, sDout, sZ, sGe, sC, slot_cs, s0, s1, s1 < block_end, tid, io_type)
+                self._run(a, mma, acc, sDout, sZ, sGe, sC, slot_cs, s0, s1, s1 < block_end, tid, io_type,
+                          (dstates[row, blk, h, None, None], p0, s1 == block_last))
 
                 starts_sequence = mask_bit(changes_lo, changes_hi, s0)
                 if block_start + s0 == start:
@@ -223,9 +220,11 @@ class SsdBackwardStates:
                     store_state(dinitial[seq, h, None, None], mma, acc, p0, Float32)
 
     @cute.jit
-    def _run(self, a, mma, acc, sDout, sZ, sGe, sC, sCs, s0, s1, later_run, tid, io_type: cutlass.Constexpr):
+    def _run(self, a, mma, acc, sDout, sZ, sGe, sC, sCs, s0, s1, later_run, tid, io_type: cutlass.Constexpr,
+             state_out):
         """dh ← 2^(cs_end - base) · dh + (e ⊙ G)ᵀ·C over the rows [s0, s1) of the block (``later_run``: not the
-        first run of the block walked)."""
+        first run of the block walked); ``state_out`` = (dst, p0, stores): dh before the run into dst when stores
+        (the state gradient at the block's end)."""
         base = Float32(0.0)
         if s0 > 0:
             base = sCs[s0 - 1]
@@ -234,6 +233,10 @@ class SsdBackwardStates:
             cute.arch.sync_threads()  # every warp done reading the last run's scaled rows
         self._gated_rows(a, sDout, sZ, sGe, sCs, base, s0, s1, tid, io_type)
         fence_operands(mma)
+        # stored after the proxy fence, whose MEMBAR would wait for these stores to land
+        dst, p0, stores = state_out
+        if stores:
+            store_state_vectors(dst, mma, acc, p0, io_type)
         cute.arch.sync_threads()
         decay = cute.math.exp2(cute.math.min(cs_end - base, Float32(0.0)), fastmath=True)
         for e in cutlass.range_constexpr(cute.size(acc)):

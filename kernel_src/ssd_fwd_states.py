@@ -116,8 +116,6 @@ class SsdForwardStates(SsdForward):
         if blk + 1 < blk_end:
             self._load_states_tiles(loads, there, blk + 1)
         block_start = blk * TILE
-        if block_start > start:  # the last block's state, left in sH (rewritten after this block's runs' barriers)
-            self._store_block_state(a, states, sH, row, h, p0, blk - 1, TILE, tid)
         slot_delta = scan_slot(sDelta, slot)
         slot_cs = scan_slot(sCs, slot)
         slot_changes = scan_slot(sChanges, slot)
@@ -136,6 +134,10 @@ class SsdForwardStates(SsdForward):
             base, cs_end = self._run_cumsums(slot_cs, seg, seg_end)
             self._weigh_rows(here[0], sXw, slot_delta, slot_cs, seg, seg_end, cs_end, tid, io_type)
             fence_operands(mma)  # (and the block's tiles)
+            if (seg == first_row) & (block_start > start):
+                # the last block's state, left in sH (rewritten after this barrier), stored after the proxy fence,
+                # whose MEMBAR would wait for these stores to land
+                self._store_block_state(a, states, sH, row, h, p0, blk - 1, TILE, tid)
             cute.arch.sync_threads()  # the weighted x
             self._advance_state(mma, acc_h, sXw, here[1], base, cs_end)
             seg = seg_end
