@@ -87,12 +87,27 @@ class SsdForwardPaired(SsdForward):
     family = "ssd_fwd_paired"
     d_states = (64, 128)   # (N 256 is never paired: the plan keeps it on ssd_fwd)
     # build experiments (scons experiment=NAME: cubins marked unvalidated; families.experiment_enabled tells the code)
-    experiments = ("fwd_scores_ahead",)
+    experiments = ("fwd_scores_ahead", "inline_writers_two_ahead")
 
     def experiment_applies(self, name: str) -> bool:
         """Whether build experiment ``name`` changes this variant (families.new_kernel): fwd_scores_ahead on the
-        warp-specialized CTA, without an inline pass (whose blocks before the outputs issue no C·Bᵀ)."""
-        return name == "fwd_scores_ahead" and self._paired() and not self.inline_pass
+        warp-specialized CTA without an inline pass (whose blocks before the outputs issue no C·Bᵀ);
+        inline_writers_two_ahead on it with an inline pass and rings of three (N 64)."""
+        if not self._paired():
+            return False
+        if name == "fwd_scores_ahead":
+            return not self.inline_pass
+        return name == "inline_writers_two_ahead" and self.inline_pass and self.ring == 3
+
+    @property
+    def writers_two_ahead(self) -> bool:
+        """Whether the writers keep two blocks' x in flight (experiment ``inline_writers_two_ahead``, not measured
+        yet): each iteration issues block k + 2's x, then publishes block k + 1 once every copy but that newest one
+        has landed. By default they publish block k + 1 first, waiting for every copy (the one issued at the end of
+        the iteration before), and issue block k + 2's after: one block's x in flight at a time. A block with
+        outputs hides that load; an inline pass's blocks of the state alone wait for it (ncu, thirty-seventh
+        session: the writers at that wait, the products at the block's TR barrier)."""
+        return experiment_enabled(self, "inline_writers_two_ahead")
 
     @property
     def scores_ahead(self) -> bool:
@@ -526,11 +541,12 @@ class SsdForwardPaired(SsdForward):
 
     @cute.jit
     def _writer_block(self, outputs, sources, blk, k, blk_end, L):
-        """While the products run block blk: block blk + 1's x and z published (loaded two ahead), block blk - 1's
-        outputs, then the loads of block blk + ring - 1 into block blk - 1's slots (published here, one ahead)."""
+        """While the products run block blk: block blk + 1's x and z published (loaded two ahead; last, after the
+        next loads, with :attr:`writers_two_ahead`), block blk - 1's outputs, then the loads of block blk + ring - 1
+        into block blk - 1's slots (published here, one ahead)."""
         a, storage, _, _, _, ptile, start, _, t = outputs
         ahead = self.ring - 1
-        if cutlass.const_expr(ahead == 2):
+        if cutlass.const_expr((ahead == 2) and not self.writers_two_ahead):
             if blk + 1 < blk_end:
                 self._publish(0, k + 1)
         # whether block blk - 1 staged a y, and whether block blk will: every block does, but an inline pass's blocks
@@ -551,6 +567,9 @@ class SsdForwardPaired(SsdForward):
             if k > 0:
                 role_sync(TILES_FREE + (k - 1) % BARRIER_SLOTS, self.tiles_free_count)
         self._load_xz(a, storage, sources, ptile, blk + ahead, blk_end, k + ahead, t, L)
+        if cutlass.const_expr(self.writers_two_ahead):
+            if blk + 1 < blk_end:
+                self._publish(1, k + 1)
         if cutlass.const_expr(ahead == 1):
             if blk + 1 < blk_end:
                 self._publish(0, k + 1)
