@@ -541,17 +541,37 @@ class SsdForwardPaired(SsdForward):
 
     @cute.jit
     def _writer_block(self, outputs, sources, blk, k, blk_end, L):
-        """While the products run block blk: block blk + 1's x and z published (loaded two ahead; last, after the
-        next loads, with :attr:`writers_two_ahead`), block blk - 1's outputs, then the loads of block blk + ring - 1
-        into block blk - 1's slots (published here, one ahead)."""
+        """While the products run block blk: block blk + 1's x and z published (loaded two ahead), block blk - 1's
+        outputs, then the loads of block blk + ring - 1 into block blk - 1's slots (published here, one ahead). With
+        :attr:`writers_two_ahead`: the loads, then the publication, then the outputs."""
         a, storage, _, _, _, ptile, start, _, t = outputs
         ahead = self.ring - 1
-        if cutlass.const_expr((ahead == 2) and not self.writers_two_ahead):
+        if cutlass.const_expr(self.writers_two_ahead):
+            # (an inline pass's writers, rings of three) no output store is in flight at the publication's proxy
+            # fence, whose MEMBAR would wait for it
+            self._await_tiles_free(k)
+            self._load_xz(a, storage, sources, ptile, blk + ahead, blk_end, k + ahead, t, L)
             if blk + 1 < blk_end:
-                self._publish(0, k + 1)
-        # whether block blk - 1 staged a y, and whether block blk will: every block does, but an inline pass's blocks
-        # before start, which have no Y_STAGED, Y_FREE or outputs (the writers learn from TILES_FREE when their x and
-        # z slots are free)
+                self._publish(1, k + 1)
+            self._hand_over_outputs(outputs, blk, k)
+        else:
+            if cutlass.const_expr(ahead == 2):
+                if blk + 1 < blk_end:
+                    self._publish(0, k + 1)
+            self._hand_over_outputs(outputs, blk, k)
+            if cutlass.const_expr(self.inline_pass):
+                self._await_tiles_free(k)
+            self._load_xz(a, storage, sources, ptile, blk + ahead, blk_end, k + ahead, t, L)
+            if cutlass.const_expr(ahead == 1):
+                if blk + 1 < blk_end:
+                    self._publish(0, k + 1)
+
+    @cute.jit
+    def _hand_over_outputs(self, outputs, blk, k):
+        """Block blk - 1's staged y of both heads to ``out`` once staged, and the staging buffers handed to block
+        blk. Every block stages a y but an inline pass's blocks before start, which have no Y_STAGED, Y_FREE or
+        outputs (the writers learn from TILES_FREE when their x and z slots are free)."""
+        start = outputs[6]
         staged_before = k > 0
         stages = True
         if cutlass.const_expr(self.inline_pass):
@@ -563,16 +583,12 @@ class SsdForwardPaired(SsdForward):
                 self._store_outputs(outputs, w, blk - 1)
             if stages:
                 role_arrive(head_barrier(w, Y_FREE), Y_COUNT)
-        if cutlass.const_expr(self.inline_pass):
-            if k > 0:
-                role_sync(TILES_FREE + (k - 1) % BARRIER_SLOTS, self.tiles_free_count)
-        self._load_xz(a, storage, sources, ptile, blk + ahead, blk_end, k + ahead, t, L)
-        if cutlass.const_expr(self.writers_two_ahead):
-            if blk + 1 < blk_end:
-                self._publish(1, k + 1)
-        if cutlass.const_expr(ahead == 1):
-            if blk + 1 < blk_end:
-                self._publish(0, k + 1)
+
+    @cute.jit
+    def _await_tiles_free(self, k):
+        """An inline pass's writers: the products are done with block k - 1's x and z slots (from the second block)."""
+        if k > 0:
+            role_sync(TILES_FREE + (k - 1) % BARRIER_SLOTS, self.tiles_free_count)
 
     @cute.jit
     def _load_xz(self, a, storage, sources, ptile, blk, blk_end, k, t, L):
