@@ -544,7 +544,7 @@ class SsdForwardPaired(SsdForward):
         """While the products run block blk: block blk + 1's x and z published (loaded two ahead), block blk - 1's
         outputs, then the loads of block blk + ring - 1 into block blk - 1's slots (published here, one ahead). With
         :attr:`writers_two_ahead`: the loads, then the publication, then the outputs."""
-        a, storage, _, _, _, ptile, start, _, t = outputs
+        a, storage, _, _, _, ptile, _, _, t = outputs
         ahead = self.ring - 1
         if cutlass.const_expr(self.writers_two_ahead):
             # (an inline pass's writers, rings of three) no output store is in flight at the publication's proxy
@@ -571,7 +571,7 @@ class SsdForwardPaired(SsdForward):
         """Block blk - 1's staged y of both heads to ``out`` once staged, and the staging buffers handed to block
         blk. Every block stages a y but an inline pass's blocks before start, which have no Y_STAGED, Y_FREE or
         outputs (the writers learn from TILES_FREE when their x and z slots are free)."""
-        start = outputs[6]
+        _, _, _, _, _, _, start, _, _ = outputs
         staged_before = k > 0
         stages = True
         if cutlass.const_expr(self.inline_pass):
