@@ -836,11 +836,11 @@ class SsdBackwardChunk:
                 dz[e] = Float32(cutlass.select_(inside, ds[e] * sig * (Float32(1.0) + zs[e] * (Float32(1.0) - sig)),
                                                 Float32(0.0)))
             dout.store(gated.load().to(io_type))
-            factors.append(dz.load().to(t.dz.element_type))
+            factors.append((chunk, dz.load().to(t.dz.element_type)))
         fence_operands(mma)
         if s < rows:
-            for k in cutlass.range_constexpr(chunks // per_row):
-                vector(t.dz[row, block_start + s, h, None], part * (chunks // per_row) + k).store(factors[k])
+            for chunk, values in factors:
+                vector(t.dz[row, block_start + s, h, None], chunk).store(values)
 
     @cute.jit
     def _first_run(self, sm):
