@@ -87,27 +87,21 @@ class SsdForwardPaired(SsdForward):
     family = "ssd_fwd_paired"
     d_states = (64, 128)   # (N 256 is never paired: the plan keeps it on ssd_fwd)
     # build experiments (scons experiment=NAME: cubins marked unvalidated; families.experiment_enabled tells the code)
-    experiments = ("fwd_scores_ahead", "inline_writers_two_ahead")
+    experiments = ("fwd_scores_ahead",)
 
     def experiment_applies(self, name: str) -> bool:
         """Whether build experiment ``name`` changes this variant (families.new_kernel): fwd_scores_ahead on the
-        warp-specialized CTA without an inline pass (whose blocks before the outputs issue no C·Bᵀ);
-        inline_writers_two_ahead on it with an inline pass and rings of three (N 64)."""
-        if not self._paired():
-            return False
-        if name == "fwd_scores_ahead":
-            return not self.inline_pass
-        return name == "inline_writers_two_ahead" and self.inline_pass and self.ring == 3
+        warp-specialized CTA without an inline pass (whose blocks before the outputs issue no C·Bᵀ)."""
+        return self._paired() and name == "fwd_scores_ahead" and not self.inline_pass
 
     @property
     def writers_two_ahead(self) -> bool:
-        """Whether the writers keep two blocks' x in flight (experiment ``inline_writers_two_ahead``, not measured
-        yet): each iteration issues block k + 2's x, then publishes block k + 1 once every copy but that newest one
-        has landed. By default they publish block k + 1 first, waiting for every copy (the one issued at the end of
-        the iteration before), and issue block k + 2's after: one block's x in flight at a time. A block with
-        outputs hides that load; an inline pass's blocks of the state alone wait for it (ncu, thirty-seventh
-        session: the writers at that wait, the products at the block's TR barrier)."""
-        return experiment_enabled(self, "inline_writers_two_ahead")
+        """Whether the writers keep two blocks' x in flight: an inline pass's, on rings of three (N 64). Each
+        iteration issues block k + 2's x, then publishes block k + 1 once every copy but that newest one has
+        landed. Publishing block k + 1 first would wait for every copy and leave one block's x in flight at a time:
+        a block with outputs hides that load, but an inline pass's blocks of the state alone waited for it (ncu,
+        thirty-seventh session), and B2 N64 took 5.8 % longer (docs/PERF_NOTES.md, thirty-eighth session)."""
+        return self.inline_pass and self.ring == 3
 
     @property
     def scores_ahead(self) -> bool:
@@ -547,8 +541,7 @@ class SsdForwardPaired(SsdForward):
         a, storage, _, _, _, ptile, _, _, t = outputs
         ahead = self.ring - 1
         if cutlass.const_expr(self.writers_two_ahead):
-            # (an inline pass's writers, rings of three) no output store is in flight at the publication's proxy
-            # fence, whose MEMBAR would wait for it
+            # no output store is in flight at the publication's proxy fence, whose MEMBAR would wait for it
             self._await_tiles_free(k)
             self._load_xz(a, storage, sources, ptile, blk + ahead, blk_end, k + ahead, t, L)
             if blk + 1 < blk_end:

@@ -380,20 +380,14 @@ def test_the_scores_ahead_experiment_runs_the_next_blocks_product_during_the_out
         assert entry["validated"] is not ahead
 
 
-def test_the_inline_writers_experiment_keeps_two_blocks_of_x_in_flight(tmp_path):
-    """``experiment=inline_writers_two_ahead`` (ssd_fwd_inline at N 64: the writers issue block k + 2's x before
-    publishing block k + 1; not measured yet): no publication waits for every copy (``cp.async.wait_group 0``,
-    ``DEPBAR.LE SB0, 0x0``), where by default each block's does; inline N 128 (rings of two) and ssd_fwd_paired
-    decline it and keep their validated cubins."""
-    constants = {"headdim": 64, "d_state": 64, "io_dtype": "bf16", "state_dtype": "fp32"}
-    for experiments, two_ahead in (((), False), (("inline_writers_two_ahead",), True)):
-        cubin, entry = _compile(tmp_path, "sm_90a", "ssd_fwd_inline", constants, experiments)
-        sass = cubin_checks.sass(cubin, toolchain.cuobjdump())
-        assert ("DEPBAR.LE SB0, 0x0" in sass) != two_ahead
-        assert entry["validated"] is not two_ahead
-    for family, d_state in (("ssd_fwd_inline", 128), ("ssd_fwd_paired", 64)):
-        kernel = families.new_kernel(family, {**constants, "d_state": d_state}, "sm_90a", ["inline_writers_two_ahead"])
-        assert kernel.enabled_experiments == frozenset()
+def test_an_inline_pass_on_rings_of_three_keeps_two_blocks_of_x_in_flight(tmp_path):
+    """ssd_fwd_inline at N 64 (rings of three): the writers issue block k + 2's x before publishing block k + 1, so
+    no publication waits for every copy (``cp.async.wait_group 0``, ``DEPBAR.LE SB0, 0x0``); at N 128 (rings of
+    two) each block's publication does, by construction."""
+    constants = {"headdim": 64, "io_dtype": "bf16", "state_dtype": "fp32"}
+    for d_state, two_ahead in ((64, True), (128, False)):
+        cubin, _ = _compile(tmp_path, "sm_90a", "ssd_fwd_inline", {**constants, "d_state": d_state})
+        assert ("DEPBAR.LE SB0, 0x0" in cubin_checks.sass(cubin, toolchain.cuobjdump())) != two_ahead
 
 
 def test_an_experiment_that_changes_no_variant_is_reported():
