@@ -87,12 +87,23 @@ class SsdForwardPaired(SsdForward):
     family = "ssd_fwd_paired"
     d_states = (64, 128)   # (N 256 is never paired: the plan keeps it on ssd_fwd)
     # build experiments (scons experiment=NAME: cubins marked unvalidated; families.experiment_enabled tells the code)
-    experiments = ("fwd_scores_ahead",)
+    experiments = ("fwd_scores_ahead", "inline_h0_staged_once")
 
     def experiment_applies(self, name: str) -> bool:
         """Whether build experiment ``name`` changes this variant (families.new_kernel): fwd_scores_ahead on the
-        warp-specialized CTA without an inline pass (whose blocks before the outputs issue no C·Bᵀ)."""
-        return self._paired() and name == "fwd_scores_ahead" and not self.inline_pass
+        warp-specialized CTA without an inline pass (whose blocks before the outputs issue no C·Bᵀ),
+        inline_h0_staged_once on it with one."""
+        if not self._paired():
+            return False
+        return name == ("inline_h0_staged_once" if self.inline_pass else "fwd_scores_ahead")
+
+    @property
+    def h0_staged_once(self) -> bool:
+        """Whether an inline pass stages h₀ in shared memory from its last block of the state alone only
+        (experiment ``inline_h0_staged_once``, not measured yet), not from each: those blocks read h from their
+        accumulators, so only the first block with outputs reads the staged h₀. Each staging is a stmatrix of h
+        and a proxy fence (a MEMBAR) before the block's TILES_FREE arrival."""
+        return experiment_enabled(self, "inline_h0_staged_once")
 
     @property
     def writers_two_ahead(self) -> bool:
@@ -255,8 +266,11 @@ class SsdForwardPaired(SsdForward):
         if cutlass.const_expr(self.inline_pass):
             blk_out = cute.math.min(start // TILE, blk_end)  # (segment_len is a multiple of 64: so is start)
             for blk in range(blk_first, blk_out):
+                stages_h0 = True
+                if cutlass.const_expr(self.h0_staged_once):
+                    stages_h0 = blk + 1 == blk_out
                 self._states_block(storage, mma, acc_h, staging, w, walk_barrier, blk, blk - blk_first, first, end,
-                                   tid, io_type)
+                                   stages_h0, tid, io_type)
         scores = None  # (with scores_ahead: each block's C·Bᵀ, issued by the block before; the first's here)
         if cutlass.const_expr(self.scores_ahead):
             scores = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
@@ -336,12 +350,12 @@ class SsdForwardPaired(SsdForward):
         role_sync(head_barrier(w, TR) + k % BARRIER_SLOTS, TR_COUNT)
 
     @cute.jit
-    def _states_block(self, storage, mma, acc_h, staging, w, walk_barrier, blk, k, first, end, tid,
+    def _states_block(self, storage, mma, acc_h, staging, w, walk_barrier, blk, k, first, end, stages_h0, tid,
                       io_type: cutlass.Constexpr):
         """Block blk (the walk's k-th) of an inline pass: h advanced past its rows in [first, end) with ssd_fwd's
         operations in ssd_fwd_pass's order (the state is bitwise the pass's, so the outputs after it are the unsplit
-        call's), and staged as the next block's h₀; no y, so neither Y_FREE nor Y_STAGED (the writers skip them
-        too)."""
+        call's), and staged as the next block's h₀ when ``stages_h0`` (:attr:`h0_staged_once`); no y, so neither
+        Y_FREE nor Y_STAGED (the writers skip them too)."""
         sB, _, sX, sDelta, sCs, sXw, _, s0, s1 = self._block_tiles(storage, w, blk, k, first, end)
         base, cs_end = self._run_cumsums(sCs, s0, s1)
         self._weigh_rows(sX, sXw, sDelta, sCs, s0, s1, cs_end, tid, io_type)
@@ -349,8 +363,9 @@ class SsdForwardPaired(SsdForward):
         self._walk_sync(walk_barrier)  # the weighted x is complete
         self._advance_state(mma, acc_h, sXw, sB, base, cs_end)
         self._walk_sync(walk_barrier)  # every warp done reading the weighted x
-        store_matrices(staging[1], acc_h, io_type)
-        fence_operands(mma)  # (h₀ for the next block's C·h₀ᵀ)
+        if stages_h0:
+            store_matrices(staging[1], acc_h, io_type)
+            fence_operands(mma)  # (h₀ for the next block's C·h₀ᵀ)
         role_arrive(TILES_FREE + k % BARRIER_SLOTS, self.tiles_free_count)
 
     @cute.jit

@@ -390,6 +390,18 @@ def test_an_inline_pass_on_rings_of_three_keeps_two_blocks_of_x_in_flight(tmp_pa
         assert ("DEPBAR.LE SB0, 0x0" in cubin_checks.sass(cubin, toolchain.cuobjdump())) != two_ahead
 
 
+def test_the_inline_h0_experiment_changes_only_inline_cubins(tmp_path):
+    """``experiment=inline_h0_staged_once`` (an inline pass stages h₀ from its last block of the state alone only; not
+    measured yet): ssd_fwd_inline's cubin changes and is marked unvalidated, ssd_fwd_paired (no inline pass) declines."""
+    constants = {"headdim": 64, "d_state": 64, "io_dtype": "bf16", "state_dtype": "fp32"}
+    default, _ = _compile(tmp_path, "sm_90a", "ssd_fwd_inline", constants)
+    experiment, entry = _compile(tmp_path, "sm_90a", "ssd_fwd_inline", constants, ("inline_h0_staged_once",))
+    assert experiment != default
+    assert entry["validated"] is False
+    kernel = families.new_kernel("ssd_fwd_paired", constants, "sm_90a", ["inline_h0_staged_once"])
+    assert kernel.enabled_experiments == frozenset()
+
+
 def test_an_experiment_that_changes_no_variant_is_reported():
     """``experiment=fwd_scores_ahead`` on sm_100a (which declines it: no wgmma there) builds the default cubins; the
     build says so instead of passing the request over in silence."""
