@@ -588,3 +588,17 @@ def count_changes(seq_idx, row, start, end, lane) -> Int32:
                 change = Int32(1)
         count = count + Int32(cute.arch.popc(cute.arch.vote_ballot_sync(change != 0)))
     return count
+
+
+@cute.jit
+def widen_pair(pair, by_mask: cutlass.Constexpr):
+    """A 2-element view of adjacent 16-bit values as two fp32 values. With ``by_mask`` (bf16 only, where widening is
+    exact): each half of the 32-bit word moved into the high half of a word, a shift and a mask, where the
+    conversion's lowering takes a byte permute and two shifts per pair."""
+    if cutlass.const_expr(by_mask and pair.element_type == cutlass.BFloat16):
+        word = cute.recast_tensor(pair, Int32).load()[0]
+        widened = cute.make_rmem_tensor((2,), Int32)
+        widened[0] = word << 16
+        widened[1] = word & Int32(-65536)
+        return cute.recast_tensor(widened, Float32).load()
+    return pair.load().to(Float32)

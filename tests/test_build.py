@@ -402,6 +402,22 @@ def test_the_inline_h0_experiment_changes_only_inline_cubins(tmp_path):
     assert kernel.enabled_experiments == frozenset()
 
 
+def test_the_widening_experiment_drops_the_byte_permutes_of_the_skip_and_the_gate(tmp_path):
+    """``experiment=fwd_bf16_widened_by_mask`` (the products widen x's and z's bf16 pairs by a shift and a mask; not
+    measured yet): ssd_fwd_paired P64 N128 bf16 loses the byte permute of each of its 2 × 16 pairs a thread widens per
+    block; fp16 I/O, whose widening is a conversion, declines it."""
+    constants = {"headdim": 64, "d_state": 128, "io_dtype": "bf16", "state_dtype": "fp32"}
+    permutes = {}
+    for experiments in ((), ("fwd_bf16_widened_by_mask",)):
+        cubin, entry = _compile(tmp_path, "sm_90a", "ssd_fwd_paired", constants, experiments)
+        permutes[experiments] = cubin_checks.sass(cubin, toolchain.cuobjdump()).count("PRMT")
+        assert entry["validated"] is not bool(experiments)
+    assert permutes[()] - permutes[("fwd_bf16_widened_by_mask",)] >= 32, permutes
+    kernel = families.new_kernel("ssd_fwd_paired", {**constants, "io_dtype": "fp16"}, "sm_90a",
+                                 ["fwd_bf16_widened_by_mask"])
+    assert kernel.enabled_experiments == frozenset()
+
+
 def test_an_experiment_that_changes_no_variant_is_reported():
     """``experiment=fwd_scores_ahead`` on sm_100a (which declines it: no wgmma there) builds the default cubins; the
     build says so instead of passing the request over in silence."""
