@@ -57,7 +57,7 @@ from kernel_src.families import experiment_enabled
 from kernel_src.ssd_fwd import LOG2_E, P_TILE, SsdForward
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, async_tile_copy, buffer, fence_operands, load_tile, make_mma,
                                   matrix_store, mn_view, role_arrive, role_sync, scan_slot, smem_layout, store_matrices,
-                                  vec, vector, view, widen_pair)
+                                  vec, vector, view, widen)
 from kernel_src.ssm_math import silu_approx
 
 WARPGROUP = 128
@@ -121,7 +121,7 @@ class SsdForwardPaired(SsdForward):
     @property
     def widened_by_mask(self) -> bool:
         """Whether the products widen the x and z tiles' bf16 pairs to fp32 by a shift and a mask
-        (``ssd_tiles.widen_pair``; experiment ``fwd_bf16_widened_by_mask``, not measured yet): 16 instructions fewer
+        (``ssd_tiles.widen``; experiment ``fwd_bf16_widened_by_mask``, not measured yet): 16 instructions fewer
         each in the skip and the gate of a block at P 64 (1126 → 1094 a warp at N 128), the same values bit for bit."""
         return experiment_enabled(self, "fwd_bf16_widened_by_mask")
 
@@ -388,7 +388,7 @@ class SsdForwardPaired(SsdForward):
         for n in cutlass.range_constexpr(cute.size(Y, mode=[1]) // 2):
             d = cute.zipped_divide(sD[w, None], (2,))[None, columns[0, (0, n)][1] // 2].load()  # a column pair's D
             for r in cutlass.range_constexpr(cute.size(Y, mode=[0])):
-                xv = widen_pair(X[r, (None, n)], self.widened_by_mask)
+                xv = widen(X[r, (None, n)].load(), self.widened_by_mask)
                 Y[r, (0, n)] = Y[r, (0, n)] + d[0] * xv[0]
                 Y[r, (1, n)] = Y[r, (1, n)] + d[1] * xv[1]
 
@@ -399,7 +399,7 @@ class SsdForwardPaired(SsdForward):
         Z = mn_view(mma.thr.partition_C(sZ))
         for n in cutlass.range_constexpr(cute.size(Y, mode=[1]) // 2):
             for r in cutlass.range_constexpr(cute.size(Y, mode=[0])):
-                zv = widen_pair(Z[r, (None, n)], self.widened_by_mask)
+                zv = widen(Z[r, (None, n)].load(), self.widened_by_mask)
                 Y[r, (0, n)] = Y[r, (0, n)] * silu_approx(zv[0])
                 Y[r, (1, n)] = Y[r, (1, n)] * silu_approx(zv[1])
 

@@ -591,14 +591,19 @@ def count_changes(seq_idx, row, start, end, lane) -> Int32:
 
 
 @cute.jit
-def widen_pair(pair, by_mask: cutlass.Constexpr):
-    """A 2-element view of adjacent 16-bit values as two fp32 values. With ``by_mask`` (bf16 only, where widening is
-    exact): each half of the 32-bit word moved into the high half of a word, a shift and a mask, where the
-    conversion's lowering takes a byte permute and two shifts per pair."""
-    if cutlass.const_expr(by_mask and pair.element_type == cutlass.BFloat16):
-        word = cute.recast_tensor(pair, Int32).load()[0]
-        widened = cute.make_rmem_tensor((2,), Int32)
-        widened[0] = word << 16
-        widened[1] = word & Int32(-65536)
+def widen(values, by_mask: cutlass.Constexpr):
+    """Loaded 16-bit values (an even number, as loaded from adjacent elements: a pair, or a 16-byte vector) as fp32
+    values. With ``by_mask`` (bf16 only, where widening is exact): each 32-bit word's halves moved into the high
+    halves of two words, a shift and a mask, where the conversion's lowering takes a byte permute and two shifts per
+    pair."""
+    if cutlass.const_expr(by_mask and values.dtype == cutlass.BFloat16):
+        count = cute.size(values.shape)
+        packed = cute.make_rmem_tensor((count,), values.dtype)
+        packed.store(values)
+        words = cute.recast_tensor(packed, Int32)
+        widened = cute.make_rmem_tensor((count,), Int32)
+        for k in cutlass.range_constexpr(count // 2):
+            widened[2 * k] = words[k] << 16
+            widened[2 * k + 1] = words[k] & Int32(-65536)
         return cute.recast_tensor(widened, Float32).load()
-    return pair.load().to(Float32)
+    return values.to(Float32)

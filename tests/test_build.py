@@ -402,19 +402,22 @@ def test_the_inline_h0_experiment_changes_only_inline_cubins(tmp_path):
     assert kernel.enabled_experiments == frozenset()
 
 
-def test_the_widening_experiment_drops_the_byte_permutes_of_the_skip_and_the_gate(tmp_path):
-    """``experiment=fwd_bf16_widened_by_mask`` (the products widen x's and z's bf16 pairs by a shift and a mask; not
-    measured yet): ssd_fwd_paired P64 N128 bf16 loses the byte permute of each of its 2 × 16 pairs a thread widens per
-    block; fp16 I/O, whose widening is a conversion, declines it."""
+@pytest.mark.parametrize("family, experiment, permutes_dropped", [
+    ("ssd_fwd_paired", "fwd_bf16_widened_by_mask", 32),  # the skip's and the gate's 2 × 16 pairs a thread widens
+    ("ssd_bwd_chunk", "bwd_bf16_widened_by_mask", 64),   # the runs', _finish's, the gate's and the dot products'
+])
+def test_the_widening_experiments_drop_byte_permutes(tmp_path, family, experiment, permutes_dropped):
+    """``experiment=fwd_bf16_widened_by_mask`` / ``bwd_bf16_widened_by_mask`` (bf16 tiles widened to fp32 by a shift
+    and a mask, ``ssd_tiles.widen``; not measured yet): the P64 N128 bf16 cubin loses its conversions' byte permutes;
+    fp16 I/O, whose widening is a conversion, declines."""
     constants = {"headdim": 64, "d_state": 128, "io_dtype": "bf16", "state_dtype": "fp32"}
     permutes = {}
-    for experiments in ((), ("fwd_bf16_widened_by_mask",)):
-        cubin, entry = _compile(tmp_path, "sm_90a", "ssd_fwd_paired", constants, experiments)
+    for experiments in ((), (experiment,)):
+        cubin, entry = _compile(tmp_path, "sm_90a", family, constants, experiments)
         permutes[experiments] = cubin_checks.sass(cubin, toolchain.cuobjdump()).count("PRMT")
         assert entry["validated"] is not bool(experiments)
-    assert permutes[()] - permutes[("fwd_bf16_widened_by_mask",)] >= 32, permutes
-    kernel = families.new_kernel("ssd_fwd_paired", {**constants, "io_dtype": "fp16"}, "sm_90a",
-                                 ["fwd_bf16_widened_by_mask"])
+    assert permutes[()] - permutes[(experiment,)] >= permutes_dropped, permutes
+    kernel = families.new_kernel(family, {**constants, "io_dtype": "fp16"}, "sm_90a", [experiment])
     assert kernel.enabled_experiments == frozenset()
 
 
