@@ -598,6 +598,7 @@ def widen(values, by_mask: cutlass.Constexpr):
     pair."""
     if cutlass.const_expr(by_mask and values.dtype == cutlass.BFloat16):
         count = cute.size(values.shape)
+        assert count % 2 == 0, "widen takes whole 32-bit words of 16-bit values"
         packed = cute.make_rmem_tensor((count,), values.dtype)
         packed.store(values)
         words = cute.recast_tensor(packed, Int32)
