@@ -380,22 +380,38 @@ def test_the_scores_ahead_experiment_runs_the_next_blocks_product_during_the_out
         assert entry["validated"] is not ahead
 
 
-def test_an_inline_pass_on_rings_of_three_keeps_two_blocks_of_x_in_flight(tmp_path):
+@pytest.fixture(scope="module")
+def compile_once(tmp_path_factory):
+    """:func:`_compile`, each (arch, family, constants, experiments) compiled once for the module's tests that read
+    the same default cubin."""
+    folder = tmp_path_factory.mktemp("variants")
+    compiled = {}
+
+    def compile_variant(arch, family, constants, experiments=()):
+        key = (arch, family, json.dumps(constants, sort_keys=True), tuple(experiments))
+        if key not in compiled:
+            compiled[key] = _compile(folder, arch, family, constants, experiments)
+        return compiled[key]
+
+    return compile_variant
+
+
+def test_an_inline_pass_on_rings_of_three_keeps_two_blocks_of_x_in_flight(compile_once):
     """ssd_fwd_inline at N 64 (rings of three): the writers issue block k + 2's x before publishing block k + 1, so
     no publication waits for every copy (``cp.async.wait_group 0``, ``DEPBAR.LE SB0, 0x0``); at N 128 (rings of
     two) each block's publication does, by construction."""
     constants = {"headdim": 64, "io_dtype": "bf16", "state_dtype": "fp32"}
     for d_state, two_ahead in ((64, True), (128, False)):
-        cubin, _ = _compile(tmp_path, "sm_90a", "ssd_fwd_inline", {**constants, "d_state": d_state})
+        cubin, _ = compile_once("sm_90a", "ssd_fwd_inline", {**constants, "d_state": d_state})
         assert ("DEPBAR.LE SB0, 0x0" in cubin_checks.sass(cubin, toolchain.cuobjdump())) != two_ahead
 
 
-def test_the_inline_h0_experiment_changes_only_inline_cubins(tmp_path):
+def test_the_inline_h0_experiment_changes_only_inline_cubins(compile_once):
     """``experiment=inline_h0_staged_once`` (an inline pass stages h₀ from its last block of the state alone only; not
     measured yet): ssd_fwd_inline's cubin changes and is marked unvalidated, ssd_fwd_paired (no inline pass) declines."""
     constants = {"headdim": 64, "d_state": 64, "io_dtype": "bf16", "state_dtype": "fp32"}
-    default, _ = _compile(tmp_path, "sm_90a", "ssd_fwd_inline", constants)
-    experiment, entry = _compile(tmp_path, "sm_90a", "ssd_fwd_inline", constants, ("inline_h0_staged_once",))
+    default, _ = compile_once("sm_90a", "ssd_fwd_inline", constants)
+    experiment, entry = compile_once("sm_90a", "ssd_fwd_inline", constants, ("inline_h0_staged_once",))
     assert experiment != default
     assert entry["validated"] is False
     kernel = families.new_kernel("ssd_fwd_paired", constants, "sm_90a", ["inline_h0_staged_once"])
