@@ -115,7 +115,7 @@ class SsdBackwardChunk:
     io_dtypes = ("bf16", "fp16")
     state_dtypes = ("fp32", "bf16", "fp16")
     # build experiments (scons experiment=NAME: cubins marked unvalidated; families.experiment_enabled tells the code)
-    experiments = ("bwd_products_ahead", "bwd_bf16_widened_by_mask")
+    experiments = ("bwd_products_ahead",)
 
     def __init__(self, headdim: int, d_state: int, io_dtype: str, state_dtype: str):
         expect_constants(self, headdim=headdim, d_state=d_state, io_dtype=io_dtype, state_dtype=state_dtype)
@@ -157,17 +157,8 @@ class SsdBackwardChunk:
     def experiment_applies(self, name: str) -> bool:
         """Whether build experiment ``name`` changes this variant (families.new_kernel): bwd_products_ahead needs
         wgmma's asynchronous products, on the warp-specialized CTA without d_state_splits (at N 256 ptxas spills
-        with it); bwd_bf16_widened_by_mask needs bf16 I/O."""
-        if name == "bwd_products_ahead":
-            return self.warp_specialized and self.d_state_splits == 1
-        return name == "bwd_bf16_widened_by_mask" and self.io_dtype == "bf16"
-
-    @property
-    def widened_by_mask(self) -> bool:
-        """Whether the bf16 pairs and vectors read from the tiles are widened to fp32 by a shift and a mask
-        (``ssd_tiles.widen``; experiment ``bwd_bf16_widened_by_mask``, not measured yet), the same bits with fewer
-        instructions than the conversion's lowering."""
-        return experiment_enabled(self, "bwd_bf16_widened_by_mask")
+        with it)."""
+        return name == "bwd_products_ahead" and self.warp_specialized and self.d_state_splits == 1
 
     @property
     def products_ahead(self) -> bool:
@@ -835,8 +826,8 @@ class SsdBackwardChunk:
         for k in cutlass.range_constexpr(chunks // per_row):
             chunk = part * (chunks // per_row) + k
             dout = vector(sm.G[s, None], chunk)
-            ds = widen(loaded[k][0], self.widened_by_mask)
-            zs = widen(loaded[k][1], self.widened_by_mask)
+            ds = widen(loaded[k][0])
+            zs = widen(loaded[k][1])
             gated = cute.make_rmem_tensor((CHUNK,), Float32)
             dz = cute.make_rmem_tensor((CHUNK,), Float32)
             for e in cutlass.range_constexpr(CHUNK):
@@ -896,8 +887,8 @@ class SsdBackwardChunk:
         dot = Float32(0.0)
         for k in cutlass.range(P * N // (threads * CHUNK), unroll=2):
             p, chunk = self._state_vector(q, k, threads)
-            h0v = widen(vector(sm.h0[p, None], chunk).load(), self.widened_by_mask)
-            dhv = widen(vector(sm.dh[p, None], chunk).load(), self.widened_by_mask)
+            h0v = widen(vector(sm.h0[p, None], chunk).load())
+            dhv = widen(vector(sm.dh[p, None], chunk).load())
             for e in cutlass.range_constexpr(CHUNK):
                 dot = dot + h0v[e] * dhv[e]
         dot = _warp_sum(dot)
@@ -1087,7 +1078,7 @@ class SsdBackwardChunk:
                                         cute.math.exp2(cute.math.min(cs_end - sm.cs[i], zero), fastmath=True), zero))
             delta_i = sm.delta[i]
             for n in cutlass.range_constexpr(cute.size(T_, mode=[1]) // 2):
-                x_pair = widen(x_rows[r, (None, n)].load(), self.widened_by_mask)
+                x_pair = widen(x_rows[r, (None, n)].load())
                 for half in cutlass.range_constexpr(2):
                     c = 2 * n + half
                     u = f * T_[r, c]
@@ -1107,7 +1098,7 @@ class SsdBackwardChunk:
             f = Float32(cutlass.select_((i >= s0) & (i < s1),
                                         cute.math.exp2(cute.math.min(sm.cs[i] - base, zero), fastmath=True), zero))
             for n in cutlass.range_constexpr(cute.size(T_, mode=[1]) // 2):
-                g_pair = widen(G_rows[r, (None, n)].load(), self.widened_by_mask)
+                g_pair = widen(G_rows[r, (None, n)].load())
                 for half in cutlass.range_constexpr(2):
                     y0 = f * T_[r, 2 * n + half]
                     Y[r, 2 * n + half] = Y[r, 2 * n + half] + y0
@@ -1165,7 +1156,7 @@ class SsdBackwardChunk:
             i = coords_p[r, 0][0]
             inside = sm.seq[i] >= 0
             for n in cutlass.range_constexpr(cute.size(dX, mode=[1]) // 2):
-                g_pair = widen(G_rows[r, (None, n)].load(), self.widened_by_mask)
+                g_pair = widen(G_rows[r, (None, n)].load())
                 for half in cutlass.range_constexpr(2):
                     c = 2 * n + half
                     dX[r, c] = Float32(cutlass.select_(inside, dX[r, c] + sm.D[coords_p[0, c][1]] * g_pair[half],
@@ -1237,8 +1228,8 @@ class SsdBackwardChunk:
                 for n in cutlass.range_constexpr(cute.size(Y, mode=[1]) // 2):
                     loaded.append((x_rows[r, (None, n)].load(), factor_rows[r, (None, n)].load()))
                 for n in cutlass.range_constexpr(cute.size(Y, mode=[1]) // 2):
-                    x_pair = widen(loaded[n][0], self.widened_by_mask)
-                    factor = widen(loaded[n][1], self.widened_by_mask)
+                    x_pair = widen(loaded[n][0])
+                    factor = widen(loaded[n][1])
                     for half in cutlass.range_constexpr(2):
                         y = Y[r, 2 * n + half] + sm.D[coords[0, 2 * n + half][1]] * x_pair[half]
                         dz_pair[half] = (y * factor[half]).to(t.dz.element_type)
@@ -1258,8 +1249,8 @@ class SsdBackwardChunk:
         sums.fill(0.0)
         for m in cutlass.range(TILE // groups, unroll=2):
             i = m * groups + group
-            gv = widen(vector(sm.G[i, None], chunk).load(), self.widened_by_mask)
-            xv = widen(vector(sm.x[i, None], chunk).load(), self.widened_by_mask)
+            gv = widen(vector(sm.G[i, None], chunk).load())
+            xv = widen(vector(sm.x[i, None], chunk).load())
             inside = sm.seq[i] >= 0
             for e in cutlass.range_constexpr(CHUNK):
                 sums[e] = sums[e] + Float32(cutlass.select_(inside, gv[e] * xv[e], Float32(0.0)))

@@ -31,7 +31,7 @@ from kernel_src.families import expect_constants
 from kernel_src.ssd_tiles import (CHUNK, SCAN_GROUP, SMEM_ALIGN, TILE, VECTOR, async_tile_copy, block_cumsum, buffer,
                                   count_changes, fence_operands, load_raw_block, load_state, load_tile, make_mma,
                                   mask_bit, previous_change, scan_slot, smem_layout, source_tokens, store_change_mask,
-                                  store_state, store_state_vectors, transposed, vec, view)
+                                  store_state, store_state_vectors, transposed, vec, view, widen)
 from kernel_src.ssm_math import delta_from_dt, silu
 
 P_TILE = 64
@@ -311,10 +311,10 @@ class SsdBackwardStates:
         for k in cutlass.range_constexpr(chunks // per_row):
             chunk = part * (chunks // per_row) + k
             values = cute.make_rmem_tensor((CHUNK,), Float32)
-            values.store(src[None, chunk].load().to(Float32) * factor)
+            values.store(widen(src[None, chunk].load()) * factor)
             if a.has_z != 0:
                 zs = cute.make_rmem_tensor((CHUNK,), Float32)
-                zs.store(gate[None, chunk].load().to(Float32))
+                zs.store(widen(gate[None, chunk].load()))
                 for e in cutlass.range_constexpr(CHUNK):
                     values[e] = values[e] * silu(zs[e])
             dst[None, chunk].store(values.load().to(io_type))

@@ -57,7 +57,7 @@ from kernel_src.families import expect_constants
 from kernel_src.ssd_tiles import (CHUNK, SCAN_GROUP, SMEM_ALIGN, TILE, VECTOR, async_tile_copy, block_cumsum, buffer,
                                   fence_operands, load_tile, make_mma, mask_bit, mn_view, next_change, pairs, role_sync,
                                   scale_rows, smem_layout, source_tokens, store_change_bits, store_pairs, store_state,
-                                  transposed, vec, vector, view)
+                                  transposed, vec, vector, view, widen)
 from kernel_src.ssm_math import delta_from_dt, silu_approx
 
 P_TILE = 64      # head-dim rows per CTA
@@ -769,10 +769,10 @@ class SsdForward:
             s, run = item // runs, item % runs
             y_part, x, z = loaded[k]
             y = cute.make_rmem_tensor((CHUNK,), Float32)
-            y.store(y_part + d * x.to(Float32))
+            y.store(y_part + d * widen(x))
             if cutlass.const_expr(gated):
                 gate = cute.make_rmem_tensor((CHUNK,), Float32)
-                gate.store(z.to(Float32))
+                gate.store(widen(z))
                 for e in cutlass.range_constexpr(CHUNK):
                     y[e] = y[e] * silu_approx(gate[e])
             if (item < items) & (s >= s0) & (s < s1):

@@ -87,24 +87,22 @@ class SsdForwardPaired(SsdForward):
     family = "ssd_fwd_paired"
     d_states = (64, 128)   # (N 256 is never paired: the plan keeps it on ssd_fwd)
     # build experiments (scons experiment=NAME: cubins marked unvalidated; families.experiment_enabled tells the code)
-    experiments = ("fwd_scores_ahead", "inline_h0_staged_once", "fwd_bf16_widened_by_mask")
+    experiments = ("fwd_scores_ahead", "inline_h0_staged_once")
 
     def experiment_applies(self, name: str) -> bool:
         """Whether build experiment ``name`` changes this variant (families.new_kernel), on the warp-specialized CTA:
         fwd_scores_ahead without an inline pass (whose blocks before the outputs issue no C·Bᵀ),
-        inline_h0_staged_once with one, fwd_bf16_widened_by_mask with bf16 I/O."""
+        inline_h0_staged_once with one."""
         if not self._paired():
             return False
         if name == "fwd_scores_ahead":
             return not self.inline_pass
-        if name == "inline_h0_staged_once":
-            return self.inline_pass
-        return name == "fwd_bf16_widened_by_mask" and self.io_dtype == "bf16"
+        return name == "inline_h0_staged_once" and self.inline_pass
 
     @property
     def h0_staged_once(self) -> bool:
         """Whether an inline pass stages h₀ in shared memory from its last block of the state alone only
-        (experiment ``inline_h0_staged_once``, not measured yet), not from each: those blocks read h from their
+        (experiment ``inline_h0_staged_once``: within noise on the H200, not adopted), not from each: those blocks read h from their
         accumulators, so only the first block with outputs reads the staged h₀. Each staging is a stmatrix of h
         and a proxy fence (a MEMBAR) before the block's TILES_FREE arrival."""
         return experiment_enabled(self, "inline_h0_staged_once")
@@ -117,13 +115,6 @@ class SsdForwardPaired(SsdForward):
         a block with outputs hides that load, but an inline pass's blocks of the state alone waited for it (ncu,
         thirty-seventh session), and B2 N64 took 5.8 % longer (docs/PERF_NOTES.md, thirty-eighth session)."""
         return self.inline_pass and self.ring == 3
-
-    @property
-    def widened_by_mask(self) -> bool:
-        """Whether the products widen the x and z tiles' bf16 pairs to fp32 by a shift and a mask
-        (``ssd_tiles.widen``; experiment ``fwd_bf16_widened_by_mask``, not measured yet): 16 instructions fewer
-        each in the skip and the gate of a block at P 64 (1126 → 1094 a warp at N 128), the same values bit for bit."""
-        return experiment_enabled(self, "fwd_bf16_widened_by_mask")
 
     @property
     def scores_ahead(self) -> bool:
@@ -388,7 +379,7 @@ class SsdForwardPaired(SsdForward):
         for n in cutlass.range_constexpr(cute.size(Y, mode=[1]) // 2):
             d = cute.zipped_divide(sD[w, None], (2,))[None, columns[0, (0, n)][1] // 2].load()  # a column pair's D
             for r in cutlass.range_constexpr(cute.size(Y, mode=[0])):
-                xv = widen(X[r, (None, n)].load(), self.widened_by_mask)
+                xv = widen(X[r, (None, n)].load())
                 Y[r, (0, n)] = Y[r, (0, n)] + d[0] * xv[0]
                 Y[r, (1, n)] = Y[r, (1, n)] + d[1] * xv[1]
 
@@ -399,7 +390,7 @@ class SsdForwardPaired(SsdForward):
         Z = mn_view(mma.thr.partition_C(sZ))
         for n in cutlass.range_constexpr(cute.size(Y, mode=[1]) // 2):
             for r in cutlass.range_constexpr(cute.size(Y, mode=[0])):
-                zv = widen(Z[r, (None, n)].load(), self.widened_by_mask)
+                zv = widen(Z[r, (None, n)].load())
                 Y[r, (0, n)] = Y[r, (0, n)] * silu_approx(zv[0])
                 Y[r, (1, n)] = Y[r, (1, n)] * silu_approx(zv[1])
 

@@ -591,18 +591,19 @@ def count_changes(seq_idx, row, start, end, lane) -> Int32:
 
 
 @cute.jit
-def widen(values, by_mask: cutlass.Constexpr):
+def widen(values):
     """Loaded 16-bit values (an even number, as loaded from adjacent elements: a pair, or a 16-byte vector) as fp32
-    values. With ``by_mask`` (bf16 only, where widening is exact): each 32-bit word's halves moved into the high
-    halves of two words, a shift and a mask, where the conversion's lowering takes a byte permute and two shifts per
-    pair."""
-    if cutlass.const_expr(by_mask and values.dtype == cutlass.BFloat16):
+    values. bf16 widens exactly, so each 32-bit word's halves are moved into the high halves of two words, a shift and
+    a mask, where the conversion's lowering takes a byte permute and two shifts per pair (the same bits; on the H200
+    ssd_fwd_paired at Nemotron-H 2 % faster, the rest within noise: docs/PERF_NOTES.md, thirty-ninth session). fp16
+    is converted."""
+    if cutlass.const_expr(values.dtype == cutlass.BFloat16):
         count = cute.size(values.shape)
         assert count % 2 == 0, "widen takes whole 32-bit words of 16-bit values"
-        packed = cute.make_rmem_tensor((count,), values.dtype)
+        packed = cute.make_rmem_tensor(values.shape, values.dtype)
         packed.store(values)
         words = cute.recast_tensor(packed, Int32)
-        widened = cute.make_rmem_tensor((count,), Int32)
+        widened = cute.make_rmem_tensor(values.shape, Int32)
         for k in cutlass.range_constexpr(count // 2):
             widened[2 * k] = words[k] << 16
             widened[2 * k + 1] = words[k] & Int32(-65536)

@@ -407,8 +407,9 @@ def test_an_inline_pass_on_rings_of_three_keeps_two_blocks_of_x_in_flight(compil
 
 
 def test_the_inline_h0_experiment_changes_only_inline_cubins(compile_once):
-    """``experiment=inline_h0_staged_once`` (an inline pass stages h₀ from its last block of the state alone only; not
-    measured yet): ssd_fwd_inline's cubin changes and is marked unvalidated, ssd_fwd_paired (no inline pass) declines."""
+    """``experiment=inline_h0_staged_once`` (an inline pass stages h₀ from its last block of the state alone only;
+    within noise on the H200, not adopted): ssd_fwd_inline's cubin changes and is marked unvalidated, ssd_fwd_paired
+    (no inline pass) declines."""
     constants = {"headdim": 64, "d_state": 64, "io_dtype": "bf16", "state_dtype": "fp32"}
     default, _ = compile_once("sm_90a", "ssd_fwd_inline", constants)
     experiment, entry = compile_once("sm_90a", "ssd_fwd_inline", constants, ("inline_h0_staged_once",))
@@ -418,23 +419,20 @@ def test_the_inline_h0_experiment_changes_only_inline_cubins(compile_once):
     assert kernel.enabled_experiments == frozenset()
 
 
-@pytest.mark.parametrize("family, experiment, permutes_dropped", [
-    ("ssd_fwd_paired", "fwd_bf16_widened_by_mask", 32),  # the skip's and the gate's 2 × 16 pairs a thread widens
-    ("ssd_bwd_chunk", "bwd_bf16_widened_by_mask", 64),   # the runs', _finish's, the gate's and the dot products'
+PAIRED_PERMUTES, CHUNK_PERMUTES = 75, 175  # measured 69 and 159 (cuobjdump 13); the conversion's lowering made 101 and 250
+
+
+@pytest.mark.parametrize("family, most_permutes", [
+    ("ssd_fwd_paired", PAIRED_PERMUTES),  # the conversion's lowering adds 32: the skip's and the gate's 2 × 16 pairs
+    ("ssd_bwd_chunk", CHUNK_PERMUTES),    # it adds 64+: the runs', _finish's, the gate's and the dot products' pairs
 ])
-def test_the_widening_experiments_drop_byte_permutes(tmp_path, family, experiment, permutes_dropped):
-    """``experiment=fwd_bf16_widened_by_mask`` / ``bwd_bf16_widened_by_mask`` (bf16 tiles widened to fp32 by a shift
-    and a mask, ``ssd_tiles.widen``; not measured yet): the P64 N128 bf16 cubin loses its conversions' byte permutes;
-    fp16 I/O, whose widening is a conversion, declines."""
+def test_bf16_tiles_are_widened_without_byte_permutes(compile_once, family, most_permutes):
+    """bf16 tiles are widened to fp32 by a shift and a mask (``ssd_tiles.widen``), not by the conversion, whose
+    lowering takes a byte permute (PRMT) and two shifts per pair: the P64 N128 bf16 cubins keep at most the permutes
+    they have without a single conversion of a tile's pair."""
     constants = {"headdim": 64, "d_state": 128, "io_dtype": "bf16", "state_dtype": "fp32"}
-    permutes = {}
-    for experiments in ((), (experiment,)):
-        cubin, entry = _compile(tmp_path, "sm_90a", family, constants, experiments)
-        permutes[experiments] = cubin_checks.sass(cubin, toolchain.cuobjdump()).count("PRMT")
-        assert entry["validated"] is not bool(experiments)
-    assert permutes[()] - permutes[(experiment,)] >= permutes_dropped, permutes
-    kernel = families.new_kernel(family, {**constants, "io_dtype": "fp16"}, "sm_90a", [experiment])
-    assert kernel.enabled_experiments == frozenset()
+    cubin, _ = compile_once("sm_90a", family, constants)
+    assert cubin_checks.sass(cubin, toolchain.cuobjdump()).count("PRMT") <= most_permutes
 
 
 def test_an_experiment_that_changes_no_variant_is_reported():
