@@ -594,9 +594,9 @@ def count_changes(seq_idx, row, start, end, lane) -> Int32:
 def widen(values):
     """Loaded 16-bit values (an even number, as loaded from adjacent elements: a pair, or a 16-byte vector) as fp32
     values. bf16 widens exactly, so each 32-bit word's halves are moved into the high halves of two words, a shift and
-    a mask, where the conversion's lowering takes a byte permute and two shifts per pair (the same bits; on the H200
-    ssd_fwd_paired at Nemotron-H 2 % faster, the rest within noise: docs/PERF_NOTES.md, thirty-ninth session). fp16
-    is converted."""
+    a mask, where the conversion's lowering takes a byte permute and two shifts per pair (the same bits; timed on the
+    H200 in ssd_fwd_paired, 2 % faster at Nemotron-H, and ssd_bwd_chunk, within noise: docs/PERF_NOTES.md,
+    thirty-ninth session). fp16 is converted."""
     if cutlass.const_expr(values.dtype == cutlass.BFloat16):
         count = cute.size(values.shape)
         assert count % 2 == 0, "widen takes whole 32-bit words of 16-bit values"
