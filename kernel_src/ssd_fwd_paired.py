@@ -102,9 +102,9 @@ class SsdForwardPaired(SsdForward):
     @property
     def h0_staged_once(self) -> bool:
         """Whether an inline pass stages h₀ in shared memory from its last block of the state alone only
-        (experiment ``inline_h0_staged_once``: within noise on the H200, not adopted), not from each: those blocks read h from their
-        accumulators, so only the first block with outputs reads the staged h₀. Each staging is a stmatrix of h
-        and a proxy fence (a MEMBAR) before the block's TILES_FREE arrival."""
+        (experiment ``inline_h0_staged_once``: within noise on the H200, not adopted), not from each: those blocks
+        read h from their accumulators, so only the first block with outputs reads the staged h₀. Each staging is a
+        stmatrix of h and a proxy fence (a MEMBAR) before the block's TILES_FREE arrival."""
         return experiment_enabled(self, "inline_h0_staged_once")
 
     @property

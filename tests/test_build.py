@@ -419,20 +419,20 @@ def test_the_inline_h0_experiment_changes_only_inline_cubins(compile_once):
     assert kernel.enabled_experiments == frozenset()
 
 
-@pytest.mark.parametrize("family, most_permutes", [
-    # (measured with cuobjdump 13: the shift and the mask / the conversion's lowering, P64 N128 bf16)
-    ("ssd_fwd_paired", 75),    # 69 / 101: the skip's and the gate's 2 × 16 pairs a thread widens
-    ("ssd_fwd", 300),          # 290 / 434: the walk's skip and gate vectors
-    ("ssd_bwd_chunk", 165),    # 159 / 250: the runs', _finish's, the gate's and the dot products' pairs and vectors
-    ("ssd_bwd_dstates", 10),   # 4 / 36: dout's and z's vectors
+BF16_P64_N128 = {"headdim": 64, "d_state": 128, "io_dtype": "bf16"}
+
+
+@pytest.mark.parametrize("family, constants, most_permutes", [
+    # (measured with cuobjdump 13: the shift and the mask / the conversion's lowering)
+    ("ssd_fwd_paired", {**BF16_P64_N128, "state_dtype": "fp32"}, 75),  # 69 / 101: the skip's and gate's 2 × 16 pairs
+    ("ssd_fwd", {**BF16_P64_N128, "state_dtype": "fp32"}, 300),        # 290 / 434: the walk's skip and gate vectors
+    ("ssd_bwd_chunk", {**BF16_P64_N128, "state_dtype": "fp32"}, 165),  # 159 / 250: runs', _finish's, gate's, dots'
+    ("ssd_bwd_dstates", BF16_P64_N128, 10),                            # 4 / 36: dout's and z's vectors
 ])
-def test_bf16_tiles_are_widened_without_byte_permutes(compile_once, family, most_permutes):
+def test_bf16_tiles_are_widened_without_byte_permutes(compile_once, family, constants, most_permutes):
     """bf16 tiles are widened to fp32 by a shift and a mask (``ssd_tiles.widen``), not by the conversion, whose
     lowering takes a byte permute (PRMT) and two shifts per pair: the P64 N128 bf16 cubins keep at most the permutes
     they have without a single conversion of a tile's pair or vector (one call site put back exceeds each bound)."""
-    constants = {"headdim": 64, "d_state": 128, "io_dtype": "bf16"}
-    if family != "ssd_bwd_dstates":
-        constants["state_dtype"] = "fp32"
     cubin, _ = compile_once("sm_90a", family, constants)
     assert cubin_checks.sass(cubin, toolchain.cuobjdump()).count("PRMT") <= most_permutes
 
