@@ -258,6 +258,30 @@ def test_manifest_describes_every_cubin(two_clean_builds):
         assert hashlib.sha256(data).hexdigest() == v["sha256"] and len(data) == v["size"]
 
 
+def test_the_wheels_install_into_a_clean_environment_and_verify(two_clean_builds, tmp_path):
+    """The three wheels of a clean build install into a fresh virtual environment with no package index (they
+    depend on nothing but each other), and the installed ``python -m mamba2_aot verify``, run away from the source
+    tree, finds every cubin of both arch packages intact against its manifest."""
+    dist = sorted((two_clean_builds[0] / "dist").glob("*.whl"))
+    venv = tmp_path / "clean"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run([python, "-m", "pip", "install", "-q", "--no-index", *dist], check=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MAMBA2_AOT_CUBIN_DIR")}
+    proc = subprocess.run([python, "-m", "mamba2_aot", "verify"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    verified = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("ok ")]
+    for package in ("mamba2_aot_cubins_sm90", "mamba2_aot_cubins_sm100"):
+        manifest = json.loads((two_clean_builds[0] / "build/stage" / package / "manifest.json").read_text())
+        assert verified.count(package) == len(manifest["variants"]) > 0, package
+    listed = subprocess.run([python, "-m", "mamba2_aot", "list"], cwd=tmp_path, env=env, capture_output=True,
+                            text=True)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert all(f"{package} 0.1.0 (sm_" in listed.stdout for package in ("mamba2_aot_cubins_sm90",
+                                                                        "mamba2_aot_cubins_sm100")), listed.stdout
+
+
 def test_incremental_rebuild(two_clean_builds):
     tree = two_clean_builds[1]
     assert _scons(tree, "-q").returncode == 0, "a second build with nothing changed must have nothing to do"
