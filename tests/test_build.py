@@ -272,14 +272,14 @@ def test_the_wheels_install_into_a_clean_environment_and_verify(two_clean_builds
                           text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     verified = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("ok ")]
-    for package in ("mamba2_aot_cubins_sm90", "mamba2_aot_cubins_sm100"):
+    packages = ("mamba2_aot_cubins_sm90", "mamba2_aot_cubins_sm100")
+    for package in packages:
         manifest = json.loads((two_clean_builds[0] / "build/stage" / package / "manifest.json").read_text())
         assert verified.count(package) == len(manifest["variants"]) > 0, package
     listed = subprocess.run([python, "-m", "mamba2_aot", "list"], cwd=tmp_path, env=env, capture_output=True,
                             text=True)
     assert listed.returncode == 0, listed.stdout + listed.stderr
-    assert all(f"{package} 0.1.0 (sm_" in listed.stdout for package in ("mamba2_aot_cubins_sm90",
-                                                                        "mamba2_aot_cubins_sm100")), listed.stdout
+    assert all(f"{package} 0.1.0 (sm_" in listed.stdout for package in packages), listed.stdout
 
 
 def test_incremental_rebuild(two_clean_builds):
