@@ -581,7 +581,7 @@ class SsdForward:
         return cute.arch.shuffle_sync(s1, 31)
 
     @cute.jit
-    def _products(self, work, s0, s1, tid, io_type: cutlass.Constexpr, walk_barrier=None, acc_s=None):
+    def _products(self, work, s0, s1, tid, io_type: cutlass.Constexpr, walk_barrier=None):
         """Rows [s0, s1) of the block (one sequence): y (before D and the gate) and h advanced past them, in the
         accumulators; when it returns, no MMA reads the block's tiles or the scratch operands any more (the
         outputs still read x).
@@ -589,21 +589,16 @@ class SsdForward:
         y = e ⊙ (C · h₀ᵀ) + S · x (e_i = the entering state's decay to row i, applied to the accumulator's rows),
         one accumulator beside h and S. Per-row and per-column values of a thread's fragment are read once, and
         masks are selects. The warps that run them synchronize on ``walk_barrier`` (a named barrier of
-        ``product_threads``; ssd_fwd_paired's product warpgroups), or, by default, on the CTA's barrier. ``acc_s``:
-        C·Bᵀ already issued by the caller (ssd_fwd_paired's ``scores_ahead``), else issued here."""
+        ``product_threads``; ssd_fwd_paired's product warpgroups), or, by default, on the CTA's barrier."""
         mma, acc_h, sX, sB, sC, sS, sXw, _, sH, sDelta, sCs = work
         base, cs_end = self._run_cumsums(sCs, s0, s1)
         fresh = self.overwrites_accumulators
-        issued = acc_s is not None
-        assert fresh or not issued, "C·Bᵀ issued ahead must overwrite acc_s: a fill here would write it while it runs"
-        if cutlass.const_expr(not issued):
-            acc_s = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
+        acc_s = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
         acc_y = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, P_TILE)), Float32)
         if cutlass.const_expr(not fresh):
             acc_s.fill(0.0)
             acc_y.fill(0.0)
-        if cutlass.const_expr(not issued):
-            mma.gemm(acc_s, sC, sB, self.d_state // 16, wait=False, accumulate=not fresh)
+        mma.gemm(acc_s, sC, sB, self.d_state // 16, wait=False, accumulate=not fresh)
         self._weigh_rows(sX, sXw, sDelta, sCs, s0, s1, cs_end, tid, io_type)  # while C·Bᵀ runs (sm_90a)
         mma.wait()
         if cutlass.const_expr(mma.asynchronous):

@@ -53,7 +53,6 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from kernel_src.abi import bind, cutlass_dtype
-from kernel_src.families import experiment_enabled
 from kernel_src.ssd_fwd import LOG2_E, P_TILE, SsdForward
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, async_tile_copy, buffer, fence_operands, load_tile, make_mma,
                                   matrix_store, mn_view, role_arrive, role_sync, scan_slot, smem_layout, store_matrices,
@@ -86,27 +85,6 @@ def head_barrier(w, which):
 class SsdForwardPaired(SsdForward):
     family = "ssd_fwd_paired"
     d_states = (64, 128)   # (N 256 is never paired: the plan keeps it on ssd_fwd)
-    # build experiments (scons experiment=NAME: cubins marked unvalidated; families.experiment_enabled tells the code)
-    experiments = ("fwd_scores_ahead", "inline_h0_staged_once")
-
-    def experiment_applies(self, name: str) -> bool:
-        """Whether build experiment ``name`` changes this variant (families.new_kernel), on the warp-specialized CTA:
-        fwd_scores_ahead without an inline pass (whose blocks before the outputs issue no C·Bᵀ),
-        inline_h0_staged_once with one."""
-        if not self._paired():
-            return False
-        if name == "fwd_scores_ahead":
-            return not self.inline_pass
-        return name == "inline_h0_staged_once" and self.inline_pass
-
-    @property
-    def h0_staged_once(self) -> bool:
-        """Whether an inline pass stages h₀ in shared memory from its last block of the state alone only
-        (experiment ``inline_h0_staged_once``: within noise on the H200, not adopted), not from each: those blocks
-        read h from their accumulators, so only the first block with outputs reads the staged h₀. Each staging is a
-        stmatrix of h and a proxy fence (a MEMBAR) before the block's TILES_FREE arrival."""
-        return experiment_enabled(self, "inline_h0_staged_once")
-
     @property
     def writers_two_ahead(self) -> bool:
         """Whether the writers keep two blocks' x in flight: an inline pass's, on rings of three (N 64). Each
@@ -115,14 +93,6 @@ class SsdForwardPaired(SsdForward):
         a block with outputs hides that load, but an inline pass's blocks of the state alone waited for it (ncu,
         thirty-seventh session), and B2 N64 took 5.8 % longer (docs/PERF_NOTES.md, thirty-eighth session)."""
         return self.inline_pass and self.ring == 3
-
-    @property
-    def scores_ahead(self) -> bool:
-        """Whether each block's C·Bᵀ is issued at the end of the block before's products, to run during that block's
-        outputs (experiment ``fwd_scores_ahead``: +29 % at N 128 on the H200, not adopted), instead of at its own start. Its
-        tiles are published by then: both helpers publish block k + 1 after events of block k - 1 only (the module
-        docstring's hand-offs), so the earlier TR wait cannot wait on the products themselves."""
-        return experiment_enabled(self, "fwd_scores_ahead")
 
     @property
     def tiles_free_count(self):
@@ -268,20 +238,11 @@ class SsdForwardPaired(SsdForward):
         if cutlass.const_expr(self.inline_pass):
             blk_out = cute.math.min(start // TILE, blk_end)  # (segment_len is a multiple of 64: so is start)
             for blk in range(blk_first, blk_out):
-                stages_h0 = True
-                if cutlass.const_expr(self.h0_staged_once):
-                    stages_h0 = blk + 1 == blk_out
                 self._states_block(storage, mma, acc_h, staging, w, walk_barrier, blk, blk - blk_first, first, end,
-                                   stages_h0, tid, io_type)
-        scores = None  # (with scores_ahead: each block's C·Bᵀ, issued by the block before; the first's here)
-        if cutlass.const_expr(self.scores_ahead):
-            scores = cute.make_rmem_tensor(mma.thr.partition_shape_C((TILE, TILE)), Float32)
-            self._issue_scores(storage, mma, scores, w, blk_out - blk_first, blk_out < blk_end)
+                                   tid, io_type)
         for blk in range(blk_out, blk_end):
             self._products_block(a, states, storage, mma, acc_h, sH, staging, w, walk_barrier, row, h, p0, blk,
-                                 blk - blk_first, start, end, stores_chunks, tid, io_type, scores)
-        if cutlass.const_expr(self.scores_ahead):
-            mma.wait()  # (the product issued past the last block, on whatever its slot holds: never read)
+                                 blk - blk_first, start, end, stores_chunks, tid, io_type)
         if segment == a.segments - 1:
             self._end_sequence(a, states, mma, acc_h, seq, h, p0, state_type)
         if (a.has_segment_flags != 0) & (segment < a.segments - 1):  # (ssd_fwd's _set_flag on the warpgroup's barrier)
@@ -292,17 +253,13 @@ class SsdForwardPaired(SsdForward):
 
     @cute.jit
     def _products_block(self, a, states, storage, mma, acc_h, sH, staging, w, walk_barrier, row, h, p0, blk, k, start,
-                        end, stores_chunks, tid, io_type: cutlass.Constexpr, scores=None):
+                        end, stores_chunks, tid, io_type: cutlass.Constexpr):
         """Block blk (the walk's k-th): the products once its tiles are published, y finished and staged, h₀ of the
-        next block staged. ``scores``: its C·Bᵀ, issued by the block before (:attr:`scores_ahead`)."""
-        ahead = scores is not None
-        sB, sC, sX, sDelta, sCs, sXw, block_start, s0, s1 = self._block_tiles(storage, w, blk, k, start, end,
-                                                                               published=ahead)
+        next block staged."""
+        sB, sC, sX, sDelta, sCs, sXw, block_start, s0, s1 = self._block_tiles(storage, w, blk, k, start, end)
         # ssd_fwd's products on the warpgroup-MMA path (no S tile, y returned in registers), on the warpgroup's barrier
         acc_y = self._products((mma, acc_h, sX, sB, sC, None, sXw, None, sH, sDelta, sCs), s0, s1, tid, io_type,
-                               walk_barrier, scores)
-        if cutlass.const_expr(ahead):  # the next block's C·Bᵀ runs during this block's outputs
-            self._issue_scores(storage, mma, scores, w, k + 1, (blk + 1) * TILE < end)  # (block blk + 1 < blk_end)
+                               walk_barrier)
         if stores_chunks:
             self._store_chunk_state(a, states, mma, acc_h, row, h, p0, block_start + s1 - 1, a.seqlen)
         role_sync(head_barrier(w, Y_FREE), Y_COUNT)  # (the writers have written sD before their first arrival)
@@ -317,31 +274,20 @@ class SsdForwardPaired(SsdForward):
         role_arrive(TILES_FREE + k % BARRIER_SLOTS, self.tiles_free_count)
 
     @cute.jit
-    def _block_tiles(self, storage, w, blk, k, start, end, published: cutlass.Constexpr = False):
+    def _block_tiles(self, storage, w, blk, k, start, end):
         """Block blk's (the walk's k-th) views for head w's products, once the block is published (its TR barrier,
-        waited for here unless ``published``): (B, C, x, Δ, cumsums, weighted x, the block's first token, and its
+        waited for here): (B, C, x, Δ, cumsums, weighted x, the block's first token, and its
         rows [s0, s1) in [start, end))."""
         sB, sC = self._BC_slots(storage, k)
         sX = self._ring_tile(storage.x, w, k)
         sDelta = self._scan_slot(storage.delta, w, k)
         sCs = self._scan_slot(storage.cs, w, k)
         sXw = buffer(storage.weighted_x, w, P_TILE)
-        if cutlass.const_expr(not published):
-            self._await_published(w, k)
+        self._await_published(w, k)
         block_start = blk * TILE
         s0 = cute.math.max(start, block_start) - block_start
         s1 = cute.math.min(end, block_start + TILE) - block_start
         return sB, sC, sX, sDelta, sCs, sXw, block_start, s0, s1
-
-    @cute.jit
-    def _issue_scores(self, storage, mma, scores, w, k, exists):
-        """C·Bᵀ of the walk's k-th block into ``scores``, not waited for; its TR barrier waited for first when the block
-        ``exists`` (past the walk's last block the product still runs, on whatever its slots hold, and is never read:
-        issued under a branch, ptxas would wait after every product of the kernel)."""
-        if exists:
-            self._await_published(w, k)
-        sB, sC = self._BC_slots(storage, k)
-        mma.gemm(scores, sC, sB, self.d_state // 16, wait=False, accumulate=False)
 
     def _BC_slots(self, storage, k):
         """The B and C ring slots of the walk's k-th block (the two heads share them)."""
@@ -352,12 +298,13 @@ class SsdForwardPaired(SsdForward):
         role_sync(head_barrier(w, TR) + k % BARRIER_SLOTS, TR_COUNT)
 
     @cute.jit
-    def _states_block(self, storage, mma, acc_h, staging, w, walk_barrier, blk, k, first, end, stages_h0, tid,
+    def _states_block(self, storage, mma, acc_h, staging, w, walk_barrier, blk, k, first, end, tid,
                       io_type: cutlass.Constexpr):
         """Block blk (the walk's k-th) of an inline pass: h advanced past its rows in [first, end) with ssd_fwd's
         operations in ssd_fwd_pass's order (the state is bitwise the pass's, so the outputs after it are the unsplit
-        call's), and staged as the next block's h₀ when ``stages_h0`` (:attr:`h0_staged_once`); no y, so neither
-        Y_FREE nor Y_STAGED (the writers skip them too)."""
+        call's), and staged as the next block's h₀; no y, so neither Y_FREE nor Y_STAGED (the writers skip them
+        too). (Staging h only after the last such block, the one whose h₀ a product reads, was within noise on the
+        H200: docs/PERF_NOTES.md, thirty-ninth session.)"""
         sB, _, sX, sDelta, sCs, sXw, _, s0, s1 = self._block_tiles(storage, w, blk, k, first, end)
         base, cs_end = self._run_cumsums(sCs, s0, s1)
         self._weigh_rows(sX, sXw, sDelta, sCs, s0, s1, cs_end, tid, io_type)
@@ -365,9 +312,8 @@ class SsdForwardPaired(SsdForward):
         self._walk_sync(walk_barrier)  # the weighted x is complete
         self._advance_state(mma, acc_h, sXw, sB, base, cs_end)
         self._walk_sync(walk_barrier)  # every warp done reading the weighted x
-        if stages_h0:
-            store_matrices(staging[1], acc_h, io_type)
-            fence_operands(mma)  # (h₀ for the next block's C·h₀ᵀ)
+        store_matrices(staging[1], acc_h, io_type)
+        fence_operands(mma)  # (h₀ for the next block's C·h₀ᵀ)
         role_arrive(TILES_FREE + k % BARRIER_SLOTS, self.tiles_free_count)
 
     @cute.jit
