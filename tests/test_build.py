@@ -417,6 +417,33 @@ def test_an_inline_pass_on_rings_of_three_keeps_two_blocks_of_x_in_flight(compil
         assert ("DEPBAR.LE SB0, 0x0" in cubin_checks.sass(cubin, toolchain.cuobjdump())) != two_ahead
 
 
+@pytest.mark.parametrize("family", ["ssd_fwd_inline", "ssd_fwd_paired"])
+def test_the_staggered_heads_experiment_delays_head_1_by_the_clock(compile_once, family):
+    """``experiment=paired_heads_staggered`` (head 1's products start HEAD_STAGGER_CYCLES after head 0's; not
+    measured yet): the cubin reads the SM clock (its wait), the default's never does, and it is marked
+    unvalidated."""
+    constants = {"headdim": 64, "d_state": 64, "io_dtype": "bf16", "state_dtype": "fp32"}
+    default, _ = compile_once("sm_90a", family, constants)
+    staggered, entry = compile_once("sm_90a", family, constants, ("paired_heads_staggered",))
+    assert "SR_CLOCK" not in cubin_checks.sass(default, toolchain.cuobjdump())
+    assert "SR_CLOCK" in cubin_checks.sass(staggered, toolchain.cuobjdump())
+    assert entry["validated"] is False
+
+
+def test_the_prefix_prefetch_experiment_changes_only_inline_cubins(compile_once):
+    """``experiment=inline_prefix_prefetch`` (an inline pass's blocks of the state alone prefetch the B and x rows
+    three blocks ahead into L2; not measured yet): ssd_fwd_inline's cubin at N 64 gains three L2 prefetches (the
+    loaders' one line of B, the writers' line of x for each head), and ssd_fwd_paired (no inline pass) declines."""
+    constants = {"headdim": 64, "d_state": 64, "io_dtype": "bf16", "state_dtype": "fp32"}
+    default, _ = compile_once("sm_90a", "ssd_fwd_inline", constants)
+    prefetching, entry = compile_once("sm_90a", "ssd_fwd_inline", constants, ("inline_prefix_prefetch",))
+    count = lambda cubin: cubin_checks.sass(cubin, toolchain.cuobjdump()).count("CCTL.E.PF2")
+    assert (count(default), count(prefetching)) == (0, 3)
+    assert entry["validated"] is False
+    kernel = families.new_kernel("ssd_fwd_paired", constants, "sm_90a", ["inline_prefix_prefetch"])
+    assert kernel.enabled_experiments == frozenset()
+
+
 BF16_P64_N128 = {"headdim": 64, "d_state": 128, "io_dtype": "bf16"}
 
 
