@@ -75,7 +75,7 @@ TILES_FREE = 1 + HEADS * PER_HEAD
 TR_COUNT = WARPGROUP + LOADERS + WRITERS
 Y_COUNT = WARPGROUP + WRITERS
 TILES_FREE_COUNT = HEADS * WARPGROUP + LOADERS
-HEAD_STAGGER_CYCLES = 2500   # about half a block at ~2 GHz (~2.3 µs a block at N 64, ~3 at N 128): paired_heads_staggered
+HEAD_STAGGER_CYCLES = 2500   # ~1.25 µs at ~2 GHz: ~half a block at N 64 (~2.3 µs), ~0.4 at N 128: paired_heads_staggered
 PREFIX_PREFETCH_AHEAD = 3    # blocks: past the copies in flight (one ahead at N 128, two at N 64): inline_prefix_prefetch
 # setmaxnreg: 2 product shares + the helper's = 3 x 168, the registers a 384-thread CTA gets per thread
 REGISTERS_PER_THREAD = 168
@@ -113,9 +113,10 @@ class SsdForwardPaired(SsdForward):
     def prefix_prefetch(self) -> bool:
         """Whether, during an inline pass's blocks of the state alone, the loaders and the writers prefetch into L2
         the B and x rows of the block PREFIX_PREFETCH_AHEAD ahead (experiment ``inline_prefix_prefetch``, not
-        measured yet): those blocks wait about a third of their time for their publication, one copy's latency
-        from HBM with rings of two or three (docs/PERF_NOTES.md, thirty-eighth session); from L2 the copy is shorter.
-        Issued after the publication, so its proxy fence's MEMBAR does not wait for them."""
+        measured yet): with one block of x in flight those blocks spent ~40 % of their time waiting for their
+        publication (docs/PERF_NOTES.md, thirty-seventh session), and with two they still cost ~0.6 of a block with
+        outputs (thirty-eighth; their wait not measured again); a copy from L2 is shorter than one from HBM. Issued
+        after the publication, so its proxy fence's MEMBAR does not wait for them."""
         return experiment_enabled(self, "inline_prefix_prefetch")
 
     @property
