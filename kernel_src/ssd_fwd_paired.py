@@ -51,7 +51,6 @@ the first walking the state alone from their row's start (``_states_block``).
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
-
 from cutlass.experimental.primitives import prefetch_l2
 
 from kernel_src.abi import bind, cutlass_dtype
