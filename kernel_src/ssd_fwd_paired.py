@@ -51,10 +51,8 @@ the first walking the state alone from their row's start (``_states_block``).
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
-from cutlass.experimental.primitives import prefetch_l2
 
 from kernel_src.abi import bind, cutlass_dtype
-from kernel_src.families import experiment_enabled
 from kernel_src.ssd_fwd import LOG2_E, P_TILE, SsdForward
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, async_tile_copy, buffer, fence_operands, load_tile, make_mma,
                                   matrix_store, mn_view, role_arrive, role_sync, scan_slot, smem_layout, store_matrices,
@@ -74,8 +72,6 @@ TILES_FREE = 1 + HEADS * PER_HEAD
 TR_COUNT = WARPGROUP + LOADERS + WRITERS
 Y_COUNT = WARPGROUP + WRITERS
 TILES_FREE_COUNT = HEADS * WARPGROUP + LOADERS
-HEAD_STAGGER_CYCLES = 2500   # ~1.25 µs at ~2 GHz: ~half a block at N 64 (~2.3 µs), ~0.4 at N 128: paired_heads_staggered
-PREFIX_PREFETCH_AHEAD = 3    # blocks: past the copies in flight (one ahead at N 128, two at N 64): inline_prefix_prefetch
 # setmaxnreg: 2 product shares + the helper's = 3 x 168, the registers a 384-thread CTA gets per thread
 REGISTERS_PER_THREAD = 168
 PRODUCT_REGISTERS = {64: 184, 128: 216}   # by d_state (the products need ~172 at N 64)
@@ -89,35 +85,6 @@ def head_barrier(w, which):
 class SsdForwardPaired(SsdForward):
     family = "ssd_fwd_paired"
     d_states = (64, 128)   # (N 256 is never paired: the plan keeps it on ssd_fwd)
-    # build experiments (scons experiment=NAME: cubins marked unvalidated; families.experiment_enabled tells the code)
-    experiments = ("paired_heads_staggered", "inline_prefix_prefetch")
-
-    def experiment_applies(self, name: str) -> bool:
-        """Whether build experiment ``name`` changes this variant (families.new_kernel), on the warp-specialized CTA:
-        paired_heads_staggered always, inline_prefix_prefetch with an inline pass."""
-        if not self._paired():
-            return False
-        return name == "paired_heads_staggered" or (name == "inline_prefix_prefetch" and self.inline_pass)
-
-    @property
-    def heads_staggered(self) -> bool:
-        """Whether head 1's products start HEAD_STAGGER_CYCLES after head 0's (experiment ``paired_heads_staggered``,
-        not measured yet). Both heads' blocks are published at once and run the same code, so they may walk in
-        step: both waiting on their wgmmas at the same time, then both competing for the issue slots and the tensor
-        pipe. Half a block apart, one head's waits would overlap the other's arithmetic; whether the hand-offs keep
-        them apart (TILES_FREE waits for both heads) is what the measurement tells."""
-        return experiment_enabled(self, "paired_heads_staggered")
-
-    @property
-    def prefix_prefetch(self) -> bool:
-        """Whether, during an inline pass's blocks of the state alone, the loaders and the writers prefetch into L2
-        the B and x rows of the block PREFIX_PREFETCH_AHEAD ahead (experiment ``inline_prefix_prefetch``, not
-        measured yet): with one block of x in flight those blocks spent ~40 % of their time waiting for their
-        publication (docs/PERF_NOTES.md, thirty-seventh session), and with two they still cost ~0.6 of a block with
-        outputs (thirty-eighth; their wait not measured again); a copy from L2 is shorter than one from HBM. Issued
-        after the publication, so its proxy fence's MEMBAR does not wait for them."""
-        return experiment_enabled(self, "inline_prefix_prefetch")
-
     @property
     def writers_two_ahead(self) -> bool:
         """Whether the writers keep two blocks' x in flight: an inline pass's, on rings of three (N 64). Each
@@ -267,9 +234,6 @@ class SsdForwardPaired(SsdForward):
         # as in ssd_fwd: a states-only pass wrote the chunk states of every segment but the last; a handover's
         # segments write theirs but the last
         stores_chunks = (a.has_chunk_states != 0) & ((segment == a.segments - 1) != (a.has_segment_flags != 0))
-        if cutlass.const_expr(self.heads_staggered):
-            if w == 1:
-                self._spin(HEAD_STAGGER_CYCLES)
         blk_out = blk_first
         if cutlass.const_expr(self.inline_pass):
             blk_out = cute.math.min(start // TILE, blk_end)  # (segment_len is a multiple of 64: so is start)
@@ -286,14 +250,6 @@ class SsdForwardPaired(SsdForward):
             role_sync(walk_barrier, WARPGROUP)
             if tid == 0:
                 cute.arch.store(self._segment_flag(a, ptile, h, row, segment), Int32(1), sem="release", scope="gpu")
-
-    @cute.jit
-    def _spin(self, cycles):
-        """Wait ``cycles`` SM clock cycles (:attr:`heads_staggered`)."""
-        now = cute.arch.clock64()
-        until = now + cycles
-        while now < until:
-            now = cute.arch.clock64()
 
     @cute.jit
     def _products_block(self, a, states, storage, mma, acc_h, sH, staging, w, walk_barrier, row, h, p0, blk, k, start,
@@ -437,9 +393,6 @@ class SsdForwardPaired(SsdForward):
             dt0, dt1 = self._raw_dt(dt, row, h, blk + 2, lane, L)
             if blk + 1 < blk_end:
                 self._publish(ahead - 1, k + 1)
-            if cutlass.const_expr(self.prefix_prefetch):
-                gB, start = sources[0], sources[4]
-                self._prefetch_prefix_rows([gB], 0, self.d_state, blk, start, t)
         else:
             self._scan_into(scan, dt0, dt1, blk + 1, k + 1)
             dt0, dt1 = self._raw_dt(dt, row, h, blk + 2, lane, L)
@@ -568,22 +521,6 @@ class SsdForwardPaired(SsdForward):
             if cutlass.const_expr(ahead == 1):
                 if blk + 1 < blk_end:
                     self._publish(0, k + 1)
-        if cutlass.const_expr(self.prefix_prefetch):
-            gx0, gx1, start = sources[0], sources[1], sources[6]
-            self._prefetch_prefix_rows([gx0, gx1], outputs[5] * P_TILE, P_TILE, blk, start, t)
-
-    @cute.jit
-    def _prefetch_prefix_rows(self, rows, column, width: cutlass.Constexpr, blk, start, t):
-        """Thread t (of 64): row t of block blk + PREFIX_PREFETCH_AHEAD in each (L, columns) view of ``rows``,
-        columns [column, column + width), into L2 a 128-byte line at a time, when that block is one of the state
-        alone (it ends at or before ``start``) (:attr:`prefix_prefetch`)."""
-        blk_ahead = blk + PREFIX_PREFETCH_AHEAD
-        if blk_ahead * TILE + TILE <= start:
-            for view_rows in rows:
-                per_line = 128 * 8 // view_rows.element_type.width
-                row_start = view_rows[blk_ahead * TILE + t, None].iterator + column
-                for line in cutlass.range_constexpr(cute.ceil_div(width, per_line)):
-                    prefetch_l2(row_start + line * per_line)
 
     @cute.jit
     def _hand_over_outputs(self, outputs, blk, k):

@@ -417,49 +417,6 @@ def test_an_inline_pass_on_rings_of_three_keeps_two_blocks_of_x_in_flight(compil
         assert ("DEPBAR.LE SB0, 0x0" in cubin_checks.sass(cubin, toolchain.cuobjdump())) != two_ahead
 
 
-def _addressed(sass: str) -> list[tuple[int, str]]:
-    """The SASS as (address, instruction) pairs, in order."""
-    return [(int(m.group(1), 16), m.group(2).strip()) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-
-
-@pytest.mark.parametrize("family", ["ssd_fwd_inline", "ssd_fwd_paired"])
-def test_the_staggered_heads_experiment_waits_in_a_clock_loop(compile_once, family):
-    """``experiment=paired_heads_staggered`` (head 1's products start HEAD_STAGGER_CYCLES after head 0's; not
-    measured yet): the cubin has a short loop that reads the SM clock (a branch back over a clock read, at most
-    16 instructions up), the default never reads it, and the experiment's cubin is marked unvalidated."""
-    constants = {"headdim": 64, "d_state": 64, "io_dtype": "bf16", "state_dtype": "fp32"}
-    default, _ = compile_once("sm_90a", family, constants)
-    staggered, entry = compile_once("sm_90a", family, constants, ("paired_heads_staggered",))
-    assert "SR_CLOCK" not in cubin_checks.sass(default, toolchain.cuobjdump())
-    code = _addressed(cubin_checks.sass(staggered, toolchain.cuobjdump()))
-    clock_reads = [at for at, text in code if "SR_CLOCK" in text]
-    loops = [(int(target, 16), at) for at, text in code
-             for target in re.findall(r"\bBRA (?:\S+ )?0x([0-9a-f]+)$", text) if int(target, 16) <= at]
-    assert any(start <= read <= end for start, end in loops if end - start <= 0x100 for read in clock_reads)
-    assert entry["validated"] is False
-
-
-def test_the_prefix_prefetch_experiment_prefetches_after_the_publications(compile_once):
-    """``experiment=inline_prefix_prefetch`` (an inline pass's blocks of the state alone prefetch the B and x rows
-    three blocks ahead into L2; not measured yet): ssd_fwd_inline's cubin at N 64 gains three L2 prefetches (the
-    loaders' line of B, the writers' line of x for each head), each after a barrier arrival that follows the last
-    proxy fence before it (a fence's MEMBAR would wait for a prefetch in flight), and ssd_fwd_paired (no inline
-    pass) declines."""
-    constants = {"headdim": 64, "d_state": 64, "io_dtype": "bf16", "state_dtype": "fp32"}
-    default, _ = compile_once("sm_90a", "ssd_fwd_inline", constants)
-    prefetching, entry = compile_once("sm_90a", "ssd_fwd_inline", constants, ("inline_prefix_prefetch",))
-    assert "CCTL.E.PF2" not in cubin_checks.sass(default, toolchain.cuobjdump())
-    code = [text for _, text in _addressed(cubin_checks.sass(prefetching, toolchain.cuobjdump()))]
-    prefetches = [i for i, text in enumerate(code) if text.startswith("CCTL.E.PF2")]
-    assert len(prefetches) == 3
-    for i in prefetches:
-        fence = max(j for j in range(i) if code[j].startswith("MEMBAR"))
-        assert any("BAR.ARV" in text for text in code[fence:i])
-    assert entry["validated"] is False
-    kernel = families.new_kernel("ssd_fwd_paired", constants, "sm_90a", ["inline_prefix_prefetch"])
-    assert kernel.enabled_experiments == frozenset()
-
-
 BF16_P64_N128 = {"headdim": 64, "d_state": 128, "io_dtype": "bf16"}
 
 
