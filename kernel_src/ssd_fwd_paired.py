@@ -53,6 +53,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from kernel_src.abi import bind, cutlass_dtype
+from kernel_src.families import experiment_enabled
 from kernel_src.ssd_fwd import LOG2_E, P_TILE, SsdForward
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, async_tile_copy, buffer, fence_operands, load_tile, make_mma,
                                   matrix_store, mn_view, role_arrive, role_sync, scan_slot, smem_layout, store_matrices,
@@ -85,6 +86,24 @@ def head_barrier(w, which):
 class SsdForwardPaired(SsdForward):
     family = "ssd_fwd_paired"
     d_states = (64, 128)   # (N 256 is never paired: the plan keeps it on ssd_fwd)
+    # build experiments (scons experiment=NAME: cubins marked unvalidated; families.experiment_enabled tells the code)
+    experiments = ("z_published_with_y_free",)
+
+    def experiment_applies(self, name: str) -> bool:
+        """Whether build experiment ``name`` changes this variant (families.new_kernel): z_published_with_y_free on
+        the warp-specialized CTA's rings of two (N 128)."""
+        return name == "z_published_with_y_free" and self._paired() and self.ring == 2
+
+    @property
+    def z_with_y_free(self) -> bool:
+        """Whether the writers publish a block's z with Y_FREE instead of with its TR (experiment
+        ``z_published_with_y_free``, not measured yet). On rings of two block k + 1's x and z are loaded while the
+        products run block k, and its TR waited for both; z is read only by the gate, after the products' Y_FREE
+        wait, and by shared loads (no proxy fence needed), so its copies can land a block later: the writers publish
+        TR once x has landed, then issue z, and wait for it before they arrive on Y_FREE in the next block. An H100
+        knockout that read z from L2 took 5.5-5.8 % off the z shapes (docs/PERF_NOTES.md, forty-third session)."""
+        return experiment_enabled(self, "z_published_with_y_free")
+
     @property
     def writers_two_ahead(self) -> bool:
         """Whether the writers keep two blocks' x in flight: an inline pass's, on rings of three (N 64). Each
@@ -517,10 +536,13 @@ class SsdForwardPaired(SsdForward):
             self._hand_over_outputs(outputs, blk, k)
             if cutlass.const_expr(self.inline_pass):
                 self._await_tiles_free(k)
-            self._load_xz(a, storage, sources, ptile, blk + ahead, blk_end, k + ahead, t, L)
+            self._load_xz(a, storage, sources, ptile, blk + ahead, blk_end, k + ahead, t, L,
+                          with_z=not self.z_with_y_free)
             if cutlass.const_expr(ahead == 1):
                 if blk + 1 < blk_end:
                     self._publish(0, k + 1)
+            if cutlass.const_expr(self.z_with_y_free):  # (after the publication: its fence does not wait for them)
+                self._load_xz(a, storage, sources, ptile, blk + ahead, blk_end, k + ahead, t, L, with_x=False)
 
     @cute.jit
     def _hand_over_outputs(self, outputs, blk, k):
@@ -528,6 +550,8 @@ class SsdForwardPaired(SsdForward):
         blk. Every block stages a y but an inline pass's blocks before start, which have no Y_STAGED, Y_FREE or
         outputs (the writers learn from TILES_FREE when their x and z slots are free)."""
         _, _, _, _, _, _, start, _, _ = outputs
+        if cutlass.const_expr(self.z_with_y_free):
+            cute.arch.cp_async_wait_group(0)  # (block blk's z, loaded one block ago, before Y_FREE publishes it)
         staged_before = k > 0
         stages = True
         if cutlass.const_expr(self.inline_pass):
@@ -547,21 +571,25 @@ class SsdForwardPaired(SsdForward):
             role_sync(TILES_FREE + (k - 1) % BARRIER_SLOTS, self.tiles_free_count)
 
     @cute.jit
-    def _load_xz(self, a, storage, sources, ptile, blk, blk_end, k, t, L):
-        """cp.async block blk's x (and z) of both heads into ring slot k mod ring; one commit group."""
+    def _load_xz(self, a, storage, sources, ptile, blk, blk_end, k, t, L, with_x: cutlass.Constexpr = True,
+                 with_z: cutlass.Constexpr = True):
+        """cp.async block blk's x (and z) of both heads into ring slot k mod ring, or only the one of them asked
+        for (:attr:`z_with_y_free`); one commit group."""
         gx0, gx1, gz0, gz1, g2s, ident, start = sources
         thr = g2s.get_slice(t)
         if blk < blk_end:
-            for w in cutlass.range_constexpr(HEADS):
-                load_tile(g2s, thr, gx0 if w == 0 else gx1, ident, self._ring_tile(storage.x, w, k), (TILE, P_TILE),
-                          (blk, ptile), L)
-            gated = a.has_z != 0
-            if cutlass.const_expr(self.inline_pass):  # (no z for an inline pass's blocks)
-                gated = gated & (blk * TILE + TILE > start)
-            if gated:
+            if cutlass.const_expr(with_x):
                 for w in cutlass.range_constexpr(HEADS):
-                    load_tile(g2s, thr, gz0 if w == 0 else gz1, ident, self._ring_tile(storage.z, w, k),
+                    load_tile(g2s, thr, gx0 if w == 0 else gx1, ident, self._ring_tile(storage.x, w, k),
                               (TILE, P_TILE), (blk, ptile), L)
+            if cutlass.const_expr(with_z):
+                gated = a.has_z != 0
+                if cutlass.const_expr(self.inline_pass):  # (no z for an inline pass's blocks)
+                    gated = gated & (blk * TILE + TILE > start)
+                if gated:
+                    for w in cutlass.range_constexpr(HEADS):
+                        load_tile(g2s, thr, gz0 if w == 0 else gz1, ident, self._ring_tile(storage.z, w, k),
+                                  (TILE, P_TILE), (blk, ptile), L)
         cute.arch.cp_async_commit_group()
 
     @cute.jit

@@ -417,6 +417,49 @@ def test_an_inline_pass_on_rings_of_three_keeps_two_blocks_of_x_in_flight(compil
         assert ("DEPBAR.LE SB0, 0x0" in cubin_checks.sass(cubin, toolchain.cuobjdump())) != two_ahead
 
 
+def _copies_and_barriers(sass: str) -> str:
+    """The cubin's cp.async copies (a run of N as ``LDGSTSxN``), their commits (``COMMIT``) and waits (``WAIT(n)``:
+    all but the thread's newest n groups landed), memory barriers (``MEMBAR``) and named-barrier operations
+    (``SYNC(id)``, ``ARV(id)``; n and id as written, a constant or a register), in program order, space-separated."""
+    tokens = []
+    pattern = r"\b(LDGSTS|LDGDEPBAR|DEPBAR\.LE SB0|MEMBAR|BAR\.ARV|BAR\.SYNC)[.A-Z_0-9]*([^;]*);"
+    for op, operands in re.findall(pattern, sass):
+        operands = [operand.strip() for operand in operands.split(",")]
+        if op == "LDGSTS":
+            count = int(tokens.pop()[7:]) if tokens and tokens[-1].startswith("LDGSTSx") else 0
+            tokens.append(f"LDGSTSx{count + 1}")
+        elif op == "DEPBAR.LE SB0":
+            tokens.append(f"WAIT({operands[1]})")
+        elif op.startswith("BAR."):
+            tokens.append(f"{op[4:8]}({operands[0]})")
+        else:
+            tokens.append({"LDGDEPBAR": "COMMIT", "MEMBAR": "MEMBAR"}[op])
+    return " ".join(tokens)
+
+
+@pytest.mark.parametrize("family", ["ssd_fwd_paired", "ssd_fwd_inline"])
+def test_the_z_with_y_free_experiment_publishes_x_alone_and_waits_for_z_before_y_free(compile_once, family):
+    """``experiment=z_published_with_y_free`` (rings of two, N 128; not measured yet): in the writers' loop each
+    block's publication (two arrivals on TR, register ids) waits for its 16 copies of x alone, where the default's
+    waits for x and z (32); z's 16 copies are issued after those arrivals; and every copy has landed before head 0's
+    Y_STAGED wait and Y_FREE arrival. At N 64 (rings of three) the experiment changes nothing."""
+    from kernel_src.ssd_fwd_paired import Y_FREE, Y_STAGED, head_barrier
+    constants = {**BF16_P64_N128, "state_dtype": "fp32"}
+    default, _ = compile_once("sm_90a", family, constants)
+    split, entry = compile_once("sm_90a", family, constants, ("z_published_with_y_free",))
+    before, after = (_copies_and_barriers(cubin_checks.sass(c, toolchain.cuobjdump())) for c in (default, split))
+    # after head 1's Y_FREE arrival (and, with an inline pass, the TILES_FREE wait): the writers' copies, publication
+    publication = (rf"ARV\({head_barrier(1, Y_FREE):#x}\)( SYNC\(R\d+\))? "
+                   r"LDGSTSx{} COMMIT WAIT\(0x0\) MEMBAR ARV\(R\d+\) ARV\(R\d+\)")
+    assert re.search(publication.format(32), before) and not re.search(publication.format(32), after)
+    assert re.search(publication.format(16) + " LDGSTSx16 COMMIT", after)
+    handover = rf"WAIT\(0x0\) SYNC\({head_barrier(0, Y_STAGED):#x}\) ARV\({head_barrier(0, Y_FREE):#x}\)"
+    assert re.search(handover, after) and not re.search(handover, before)
+    assert entry["validated"] is False
+    assert families.new_kernel(family, {**constants, "d_state": 64}, "sm_90a",
+                               ["z_published_with_y_free"]).enabled_experiments == frozenset()
+
+
 BF16_P64_N128 = {"headdim": 64, "d_state": 128, "io_dtype": "bf16"}
 
 
