@@ -99,8 +99,9 @@ class SsdForwardPaired(SsdForward):
         """Whether the writers publish a block's z with Y_FREE instead of with its TR (experiment
         ``z_published_with_y_free``, not measured yet). On rings of two block k + 1's x and z are loaded while the
         products run block k, and its TR waited for both; z is read only by the gate, after the products' Y_FREE
-        wait, and by shared loads (no proxy fence needed), so its copies can land a block later: the writers publish
-        TR once x has landed, then issue z, and wait for it before they arrive on Y_FREE in the next block. An H100
+        wait, and by shared loads (no proxy fence needed), so its copies can land a block later: the writers commit
+        x and z as two groups, publish TR once x's has landed (z's in flight, as :attr:`writers_two_ahead`'s
+        publication leaves x's), and wait for z before they arrive on Y_FREE in the next block. An H100
         knockout that read z from L2 took 5.5-5.8 % off the z shapes (docs/PERF_NOTES.md, forty-third session)."""
         return experiment_enabled(self, "z_published_with_y_free")
 
@@ -536,13 +537,10 @@ class SsdForwardPaired(SsdForward):
             self._hand_over_outputs(outputs, blk, k)
             if cutlass.const_expr(self.inline_pass):
                 self._await_tiles_free(k)
-            self._load_xz(a, storage, sources, ptile, blk + ahead, blk_end, k + ahead, t, L,
-                          with_z=not self.z_with_y_free)
+            self._load_xz(a, storage, sources, ptile, blk + ahead, blk_end, k + ahead, t, L)
             if cutlass.const_expr(ahead == 1):
                 if blk + 1 < blk_end:
-                    self._publish(0, k + 1)
-            if cutlass.const_expr(self.z_with_y_free):  # (after the publication: its fence does not wait for them)
-                self._load_xz(a, storage, sources, ptile, blk + ahead, blk_end, k + ahead, t, L, with_x=False)
+                    self._publish(1 if self.z_with_y_free else 0, k + 1)  # (z's group may still be in flight)
 
     @cute.jit
     def _hand_over_outputs(self, outputs, blk, k):
@@ -571,25 +569,24 @@ class SsdForwardPaired(SsdForward):
             role_sync(TILES_FREE + (k - 1) % BARRIER_SLOTS, self.tiles_free_count)
 
     @cute.jit
-    def _load_xz(self, a, storage, sources, ptile, blk, blk_end, k, t, L, with_x: cutlass.Constexpr = True,
-                 with_z: cutlass.Constexpr = True):
-        """cp.async block blk's x (and z) of both heads into ring slot k mod ring, or only the one of them asked
-        for (:attr:`z_with_y_free`); one commit group."""
+    def _load_xz(self, a, storage, sources, ptile, blk, blk_end, k, t, L):
+        """cp.async block blk's x (and z) of both heads into ring slot k mod ring; one commit group (two with
+        :attr:`z_with_y_free`, x's then z's, but past blk_end)."""
         gx0, gx1, gz0, gz1, g2s, ident, start = sources
         thr = g2s.get_slice(t)
         if blk < blk_end:
-            if cutlass.const_expr(with_x):
+            for w in cutlass.range_constexpr(HEADS):
+                load_tile(g2s, thr, gx0 if w == 0 else gx1, ident, self._ring_tile(storage.x, w, k), (TILE, P_TILE),
+                          (blk, ptile), L)
+            if cutlass.const_expr(self.z_with_y_free):
+                cute.arch.cp_async_commit_group()  # (x's group: the block's TR waits for it alone)
+            gated = a.has_z != 0
+            if cutlass.const_expr(self.inline_pass):  # (no z for an inline pass's blocks)
+                gated = gated & (blk * TILE + TILE > start)
+            if gated:
                 for w in cutlass.range_constexpr(HEADS):
-                    load_tile(g2s, thr, gx0 if w == 0 else gx1, ident, self._ring_tile(storage.x, w, k),
+                    load_tile(g2s, thr, gz0 if w == 0 else gz1, ident, self._ring_tile(storage.z, w, k),
                               (TILE, P_TILE), (blk, ptile), L)
-            if cutlass.const_expr(with_z):
-                gated = a.has_z != 0
-                if cutlass.const_expr(self.inline_pass):  # (no z for an inline pass's blocks)
-                    gated = gated & (blk * TILE + TILE > start)
-                if gated:
-                    for w in cutlass.range_constexpr(HEADS):
-                        load_tile(g2s, thr, gz0 if w == 0 else gz1, ident, self._ring_tile(storage.z, w, k),
-                                  (TILE, P_TILE), (blk, ptile), L)
         cute.arch.cp_async_commit_group()
 
     @cute.jit

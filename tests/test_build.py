@@ -440,19 +440,19 @@ def _copies_and_barriers(sass: str) -> str:
 @pytest.mark.parametrize("family", ["ssd_fwd_paired", "ssd_fwd_inline"])
 def test_the_z_with_y_free_experiment_publishes_x_alone_and_waits_for_z_before_y_free(compile_once, family):
     """``experiment=z_published_with_y_free`` (rings of two, N 128; not measured yet): in the writers' loop each
-    block's publication (two arrivals on TR, register ids) waits for its 16 copies of x alone, where the default's
-    waits for x and z (32); z's 16 copies are issued after those arrivals; and every copy has landed before head 0's
-    Y_STAGED wait and Y_FREE arrival. At N 64 (rings of three) the experiment changes nothing."""
+    block's x (16 copies) and z (16) are two commit groups, and its publication (two arrivals on TR, register ids)
+    waits for all but the newest, z's, where the default's waits for one group of 32; and every copy has landed
+    before head 0's Y_STAGED wait and Y_FREE arrival. At N 64 (rings of three) the experiment changes nothing."""
     from kernel_src.ssd_fwd_paired import Y_FREE, Y_STAGED, head_barrier
     constants = {**BF16_P64_N128, "state_dtype": "fp32"}
     default, _ = compile_once("sm_90a", family, constants)
     split, entry = compile_once("sm_90a", family, constants, ("z_published_with_y_free",))
     before, after = (_copies_and_barriers(cubin_checks.sass(c, toolchain.cuobjdump())) for c in (default, split))
     # after head 1's Y_FREE arrival (and, with an inline pass, the TILES_FREE wait): the writers' copies, publication
-    publication = (rf"ARV\({head_barrier(1, Y_FREE):#x}\)( SYNC\(R\d+\))? "
-                   r"LDGSTSx{} COMMIT WAIT\(0x0\) MEMBAR ARV\(R\d+\) ARV\(R\d+\)")
-    assert re.search(publication.format(32), before) and not re.search(publication.format(32), after)
-    assert re.search(publication.format(16) + " LDGSTSx16 COMMIT", after)
+    publication = rf"ARV\({head_barrier(1, Y_FREE):#x}\)( SYNC\(R\d+\))? {{}} MEMBAR ARV\(R\d+\) ARV\(R\d+\)"
+    one_group, two_groups = r"LDGSTSx32 COMMIT WAIT\(0x0\)", r"LDGSTSx16 COMMIT LDGSTSx16 COMMIT WAIT\(0x1\)"
+    assert re.search(publication.format(one_group), before) and not re.search(publication.format(one_group), after)
+    assert re.search(publication.format(two_groups), after)
     handover = rf"WAIT\(0x0\) SYNC\({head_barrier(0, Y_STAGED):#x}\) ARV\({head_barrier(0, Y_FREE):#x}\)"
     assert re.search(handover, after) and not re.search(handover, before)
     assert entry["validated"] is False
