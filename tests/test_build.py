@@ -417,6 +417,9 @@ def test_an_inline_pass_on_rings_of_three_keeps_two_blocks_of_x_in_flight(compil
         assert ("DEPBAR.LE SB0, 0x0" in cubin_checks.sass(cubin, toolchain.cuobjdump())) != two_ahead
 
 
+BF16_P64_N128 = {"headdim": 64, "d_state": 128, "io_dtype": "bf16"}
+
+
 def _copies_and_barriers(sass: str) -> str:
     """The cubin's cp.async copies (a run of N as ``LDGSTSxN``), their commits (``COMMIT``) and waits (``WAIT(n)``:
     all but the thread's newest n groups landed), memory barriers (``MEMBAR``) and named-barrier operations
@@ -458,9 +461,6 @@ def test_the_z_with_y_free_experiment_publishes_x_alone_and_waits_for_z_before_y
     assert entry["validated"] is False
     assert families.new_kernel(family, {**constants, "d_state": 64}, "sm_90a",
                                ["z_published_with_y_free"]).enabled_experiments == frozenset()
-
-
-BF16_P64_N128 = {"headdim": 64, "d_state": 128, "io_dtype": "bf16"}
 
 
 @pytest.mark.parametrize("family, constants, most_permutes", [
