@@ -24,8 +24,9 @@ blocks ahead at N 64 (rings of three) and one ahead at N 128 (two: three slots w
 block ahead in three slots. Hand-offs are named barriers (``ssd_tiles.role_sync`` / ``role_arrive``):
 
 - TR + k mod 3, per head: block k's tiles and scan are in shared memory (loaders and writers arrive, the head's
-  products wait);
-- Y_FREE, per head: the writers are done with the staged y (the products wait before staging the next);
+  products wait), but at N 128 its z, which lands by the next barrier (``z_with_y_free``);
+- Y_FREE, per head: the writers are done with the staged y and, at N 128, the block's z has landed (the products
+  wait before the gate and staging the next);
 - Y_STAGED, per head: a block's y is staged (the products arrive, the writers wait);
 - TILES_FREE + k mod 3, both heads: the products are done with block k's tiles (the loaders wait before loading into
   its slots; the writers learn it from Y_STAGED, and with an inline pass, whose blocks before the outputs stage no y
@@ -53,7 +54,6 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from kernel_src.abi import bind, cutlass_dtype
-from kernel_src.families import experiment_enabled
 from kernel_src.ssd_fwd import LOG2_E, P_TILE, SsdForward
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, async_tile_copy, buffer, fence_operands, load_tile, make_mma,
                                   matrix_store, mn_view, role_arrive, role_sync, scan_slot, smem_layout, store_matrices,
@@ -86,24 +86,17 @@ def head_barrier(w, which):
 class SsdForwardPaired(SsdForward):
     family = "ssd_fwd_paired"
     d_states = (64, 128)   # (N 256 is never paired: the plan keeps it on ssd_fwd)
-    # build experiments (scons experiment=NAME: cubins marked unvalidated; families.experiment_enabled tells the code)
-    experiments = ("z_published_with_y_free",)
-
-    def experiment_applies(self, name: str) -> bool:
-        """Whether build experiment ``name`` changes this variant (families.new_kernel): z_published_with_y_free on
-        the warp-specialized CTA's rings of two (N 128)."""
-        return name == "z_published_with_y_free" and self._paired() and self.ring == 2
 
     @property
     def z_with_y_free(self) -> bool:
-        """Whether the writers publish a block's z with Y_FREE instead of with its TR (experiment
-        ``z_published_with_y_free``, not measured yet). On rings of two block k + 1's x and z are loaded while the
-        products run block k, and its TR waited for both; z is read only by the gate, after the products' Y_FREE
-        wait, and by shared loads (no proxy fence needed), so its copies can land a block later: the writers commit
-        x and z as two groups, publish TR once x's has landed (z's in flight, as :attr:`writers_two_ahead`'s
-        publication leaves x's), and wait for z before they arrive on Y_FREE in the next block. An H100
-        knockout that read z from L2 took 5.5-5.8 % off the z shapes (docs/PERF_NOTES.md, forty-third session)."""
-        return experiment_enabled(self, "z_published_with_y_free")
+        """Whether the writers publish a block's z with Y_FREE instead of with its TR: on rings of two (N 128),
+        where block k + 1's x and z are loaded while the products run block k. z is read only by the gate, after
+        the products' Y_FREE wait, and by shared loads (no proxy fence needed), so its copies may land a block
+        later: the writers commit x and z as two groups, publish TR once x's has landed (z's in flight, as
+        :attr:`writers_two_ahead`'s publication leaves x's), and wait for z before they arrive on Y_FREE in the next
+        block. 3.4-3.7 % off the z shapes on an H100, where TR waited for both (docs/PERF_NOTES.md, forty-fourth
+        session)."""
+        return self.ring == 2
 
     @property
     def writers_two_ahead(self) -> bool:
@@ -519,8 +512,9 @@ class SsdForwardPaired(SsdForward):
     @cute.jit
     def _writer_block(self, outputs, sources, blk, k, blk_end, L):
         """While the products run block blk: block blk + 1's x and z published (loaded two ahead), block blk - 1's
-        outputs, then the loads of block blk + ring - 1 into block blk - 1's slots (published here, one ahead). With
-        :attr:`writers_two_ahead`: the loads, then the publication, then the outputs."""
+        outputs, then the loads of block blk + ring - 1 into block blk - 1's slots (published here, one ahead; its x
+        alone with :attr:`z_with_y_free`). With :attr:`writers_two_ahead`: the loads, then the publication, then the
+        outputs."""
         a, storage, _, _, _, ptile, _, _, t = outputs
         ahead = self.ring - 1
         if cutlass.const_expr(self.writers_two_ahead):
