@@ -24,9 +24,10 @@ blocks ahead at N 64 (rings of three) and one ahead at N 128 (two: three slots w
 block ahead in three slots. Hand-offs are named barriers (``ssd_tiles.role_sync`` / ``role_arrive``):
 
 - TR + k mod 3, per head: block k's tiles and scan are in shared memory (loaders and writers arrive, the head's
-  products wait), but at N 128 its z, which lands by the next barrier (``z_with_y_free``);
+  products wait), but at N 128 its z after the walk's first block, which lands by the block's Y_FREE instead
+  (``z_with_y_free``);
 - Y_FREE, per head: the writers are done with the staged y and, at N 128, the block's z has landed (the products
-  wait before the gate and staging the next);
+  wait before the gate, which reads z, and before staging the next y);
 - Y_STAGED, per head: a block's y is staged (the products arrive, the writers wait);
 - TILES_FREE + k mod 3, both heads: the products are done with block k's tiles (the loaders wait before loading into
   its slots; the writers learn it from Y_STAGED, and with an inline pass, whose blocks before the outputs stage no y
@@ -89,13 +90,13 @@ class SsdForwardPaired(SsdForward):
 
     @property
     def z_with_y_free(self) -> bool:
-        """Whether the writers publish a block's z with Y_FREE instead of with its TR: on rings of two (N 128),
-        where block k + 1's x and z are loaded while the products run block k. z is read only by the gate, after
-        the products' Y_FREE wait, and by shared loads (no proxy fence needed), so its copies may land a block
-        later: the writers commit x and z as two groups, publish TR once x's has landed (z's in flight, as
-        :attr:`writers_two_ahead`'s publication leaves x's), and wait for z before they arrive on Y_FREE in the next
-        block. 3.4-3.7 % off the z shapes on an H100, where TR waited for both (docs/PERF_NOTES.md, forty-fourth
-        session)."""
+        """Whether the writers publish a block's z with Y_FREE instead of with its TR (but the walk's first block's,
+        preloaded with TR): on rings of two (N 128), where block k + 1's x and z are loaded while the products run
+        block k. z is read only by the gate, after the products' Y_FREE wait, and by shared loads (no proxy fence
+        needed), so its copies may land a block later: the writers commit x and z as two groups, publish TR once
+        x's has landed (z's in flight, as :attr:`writers_two_ahead`'s publication leaves x's), and wait for z
+        before they arrive on Y_FREE in the next block. 3.4-3.7 % off the z shapes on an H100, where TR waited for
+        both (docs/PERF_NOTES.md, forty-fourth session)."""
         return self.ring == 2
 
     @property
@@ -275,7 +276,8 @@ class SsdForwardPaired(SsdForward):
                                walk_barrier)
         if stores_chunks:
             self._store_chunk_state(a, states, mma, acc_h, row, h, p0, block_start + s1 - 1, a.seqlen)
-        role_sync(head_barrier(w, Y_FREE), Y_COUNT)  # (the writers have written sD before their first arrival)
+        # (the writers have written sD before their first arrival, and the block's z before each: z_with_y_free)
+        role_sync(head_barrier(w, Y_FREE), Y_COUNT)
         if a.has_D != 0:
             self._add_skip(mma, acc_y, sX, self._sD(storage), w)
         if a.has_z != 0:

@@ -393,15 +393,15 @@ def test_a_misspelt_build_option_stops_the_build(option):
 
 @pytest.fixture(scope="module")
 def compile_once(tmp_path_factory):
-    """:func:`_compile`, each (arch, family, constants, experiments) compiled once for the module's tests that read
-    the same default cubin."""
+    """:func:`_compile`, each (arch, family, constants) compiled once for the module's tests that read the same
+    default cubin."""
     folder = tmp_path_factory.mktemp("variants")
     compiled = {}
 
-    def compile_variant(arch, family, constants, experiments=()):
-        key = (arch, family, json.dumps(constants, sort_keys=True), tuple(experiments))
+    def compile_variant(arch, family, constants):
+        key = (arch, family, json.dumps(constants, sort_keys=True))
         if key not in compiled:
-            compiled[key] = _compile(folder, arch, family, constants, experiments)
+            compiled[key] = _compile(folder, arch, family, constants)
         return compiled[key]
 
     return compile_variant
@@ -409,8 +409,8 @@ def compile_once(tmp_path_factory):
 
 def test_an_inline_pass_on_rings_of_three_keeps_two_blocks_of_x_in_flight(compile_once):
     """ssd_fwd_inline at N 64 (rings of three): the writers issue block k + 2's x before publishing block k + 1, so
-    they never wait for every copy (``cp.async.wait_group 0``, ``DEPBAR.LE SB0, 0x0``); at N 128 (rings of two) they
-    do, for block k's z, before their Y_FREE arrivals."""
+    neither they nor the loaders ever wait for every copy (``cp.async.wait_group 0``, ``DEPBAR.LE SB0, 0x0``); at
+    N 128 (rings of two) both do (the first publication, the loaders' every one)."""
     constants = {"headdim": 64, "io_dtype": "bf16", "state_dtype": "fp32"}
     for d_state, two_ahead in ((64, True), (128, False)):
         cubin, _ = compile_once("sm_90a", "ssd_fwd_inline", {**constants, "d_state": d_state})
@@ -444,8 +444,9 @@ def _copies_and_barriers(sass: str) -> str:
 def test_rings_of_two_publish_x_alone_and_wait_for_z_before_y_free(compile_once, family):
     """Rings of two (N 128, ``z_with_y_free``): in the writers' loop each block's x (16 copies) and z (16) are two
     commit groups, and its publication (two arrivals on TR, register ids) waits for all but the newest, z's, not for
-    one group of both; and every copy has landed before head 0's Y_STAGED wait and Y_FREE arrival, after which the
-    products' gate reads z."""
+    one group of both; and every copy has landed before head 0's Y_STAGED wait and Y_FREE arrival. (The other
+    half, the products' gate reading z only after their Y_FREE wait, is the order of ``_products_block``'s source,
+    not checked here.)"""
     from kernel_src.ssd_fwd_paired import Y_FREE, Y_STAGED, head_barrier
     cubin, _ = compile_once("sm_90a", family, {**BF16_P64_N128, "state_dtype": "fp32"})
     order = _copies_and_barriers(cubin_checks.sass(cubin, toolchain.cuobjdump()))
