@@ -55,6 +55,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from kernel_src.abi import bind, cutlass_dtype
+from kernel_src.families import experiment_enabled
 from kernel_src.ssd_fwd import LOG2_E, P_TILE, SsdForward
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, async_tile_copy, buffer, fence_operands, load_tile, make_mma,
                                   matrix_store, mn_view, role_arrive, role_sync, scan_slot, smem_layout, store_matrices,
@@ -87,6 +88,26 @@ def head_barrier(w, which):
 class SsdForwardPaired(SsdForward):
     family = "ssd_fwd_paired"
     d_states = (64, 128)   # (N 256 is never paired: the plan keeps it on ssd_fwd)
+    # build experiments (scons experiment=NAME: cubins marked unvalidated; families.experiment_enabled tells the code)
+    experiments = ("z_loaded_into_y_staging",)
+
+    def experiment_applies(self, name: str) -> bool:
+        """Whether build experiment ``name`` changes this variant (families.new_kernel): z_loaded_into_y_staging on
+        the warp-specialized CTA at N 128, without an inline pass (whose rings of three spill 16 B at N 128)."""
+        return (name == "z_loaded_into_y_staging" and self._paired() and self.d_state == 128
+                and not self.inline_pass)
+
+    @property
+    def z_in_staging(self) -> bool:
+        """Whether z has no ring but is loaded into y's staging buffer (experiment ``z_loaded_into_y_staging``, not
+        measured yet): at N 128 the 32 KB of z's two slots then hold B, C and x on rings of three, two blocks ahead
+        as at N 64. The writers, once they have copied block k - 1's y out of a head's staging buffer, cp.async block
+        k's z over it (each thread the 16-byte runs it has just read: the same thread-to-row map, so no barrier), and
+        wait for it before their Y_FREE arrival; the gate reads z there and the staged y overwrites it, each warp
+        its own rows. z's latency then has one block of products to hide in, where :attr:`z_with_y_free` gives it
+        two. A timing-only knockout (no z slots, rings of three; docs/PERF_NOTES.md, forty-fourth session) tells
+        first whether rings of three pay at all."""
+        return experiment_enabled(self, "z_loaded_into_y_staging")
 
     @property
     def z_with_y_free(self) -> bool:
@@ -151,18 +172,20 @@ class SsdForwardPaired(SsdForward):
 
     @property
     def ring(self):
-        """B, C, x and z slots per ring: loaded two blocks ahead where shared memory allows (N 64), else one."""
-        return 3 if self.d_state == 64 else 2
+        """B, C, x and z slots per ring: loaded two blocks ahead where shared memory allows (N 64, or N 128 with
+        :attr:`z_in_staging`), else one."""
+        return 3 if self.d_state == 64 or self.z_in_staging else 2
 
     def _paired_storage(self, io_type):
-        N, ring, tile = self.d_state, self.ring, TILE * P_TILE
+        N, ring, tile, z_ring = self.d_state, self.ring, TILE * P_TILE, not self.z_in_staging
 
         @cute.struct
         class SharedStorage:
             B: cute.struct.Align[cute.struct.MemRange[io_type, ring * TILE * N], SMEM_ALIGN]
             C: cute.struct.Align[cute.struct.MemRange[io_type, ring * TILE * N], SMEM_ALIGN]
             x: cute.struct.Align[cute.struct.MemRange[io_type, HEADS * ring * tile], SMEM_ALIGN]   # [head][slot]
-            z: cute.struct.Align[cute.struct.MemRange[io_type, HEADS * ring * tile], SMEM_ALIGN]
+            if z_ring:
+                z: cute.struct.Align[cute.struct.MemRange[io_type, HEADS * ring * tile], SMEM_ALIGN]
             weighted_x: cute.struct.Align[cute.struct.MemRange[io_type, HEADS * tile], SMEM_ALIGN]
             y: cute.struct.Align[cute.struct.MemRange[io_type, HEADS * tile], SMEM_ALIGN]          # the outputs
             h: cute.struct.Align[cute.struct.MemRange[io_type, HEADS * P_TILE * N], SMEM_ALIGN]
@@ -276,12 +299,16 @@ class SsdForwardPaired(SsdForward):
                                walk_barrier)
         if stores_chunks:
             self._store_chunk_state(a, states, mma, acc_h, row, h, p0, block_start + s1 - 1, a.seqlen)
-        # (the writers have written sD before their first arrival, and the block's z before each: z_with_y_free)
+        # (the writers have written sD before their first arrival, and the block's z before each: z_with_y_free,
+        # z_in_staging)
         role_sync(head_barrier(w, Y_FREE), Y_COUNT)
         if a.has_D != 0:
             self._add_skip(mma, acc_y, sX, self._sD(storage), w)
         if a.has_z != 0:
-            self._gate(mma, acc_y, self._ring_tile(storage.z, w, k))
+            if cutlass.const_expr(self.z_in_staging):
+                self._gate(mma, acc_y, buffer(storage.y, w, P_TILE))  # (store_matrices then writes y over it)
+            else:
+                self._gate(mma, acc_y, self._ring_tile(storage.z, w, k))
         store_matrices(staging[0], acc_y, io_type)
         store_matrices(staging[1], acc_h, io_type)
         fence_operands(mma)  # (h₀ for the next block's C·h₀ᵀ)
@@ -525,12 +552,12 @@ class SsdForwardPaired(SsdForward):
             self._load_xz(a, storage, sources, ptile, blk + ahead, blk_end, k + ahead, t, L)
             if blk + 1 < blk_end:
                 self._publish(1, k + 1)
-            self._hand_over_outputs(outputs, blk, k)
+            self._hand_over_outputs(outputs, sources, blk, k)
         else:
             if cutlass.const_expr(ahead == 2):
                 if blk + 1 < blk_end:
                     self._publish(0, k + 1)
-            self._hand_over_outputs(outputs, blk, k)
+            self._hand_over_outputs(outputs, sources, blk, k)
             if cutlass.const_expr(self.inline_pass):
                 self._await_tiles_free(k)
             self._load_xz(a, storage, sources, ptile, blk + ahead, blk_end, k + ahead, t, L)
@@ -539,7 +566,7 @@ class SsdForwardPaired(SsdForward):
                     self._publish(1 if self.z_with_y_free else 0, k + 1)  # (z's group may still be in flight)
 
     @cute.jit
-    def _hand_over_outputs(self, outputs, blk, k):
+    def _hand_over_outputs(self, outputs, sources, blk, k):
         """Block blk - 1's staged y of both heads to ``out`` once staged, and the staging buffers handed to block
         blk. Every block stages a y but an inline pass's blocks before start, which have no Y_STAGED, Y_FREE or
         outputs (the writers learn from TILES_FREE when their x and z slots are free)."""
@@ -555,8 +582,15 @@ class SsdForwardPaired(SsdForward):
             if staged_before:
                 role_sync(head_barrier(w, Y_STAGED), Y_COUNT)
                 self._store_outputs(outputs, w, blk - 1)
-            if stages:
+            if cutlass.const_expr(self.z_in_staging):
+                self._load_staged_z(outputs, sources, w, blk, stages)
+            elif stages:
                 role_arrive(head_barrier(w, Y_FREE), Y_COUNT)
+        if cutlass.const_expr(self.z_in_staging):
+            for w in cutlass.range_constexpr(HEADS):
+                if stages:
+                    cute.arch.cp_async_wait_group(HEADS - 1 - w)  # (head w's z group and every older one)
+                    role_arrive(head_barrier(w, Y_FREE), Y_COUNT)
 
     @cute.jit
     def _await_tiles_free(self, k):
@@ -576,13 +610,26 @@ class SsdForwardPaired(SsdForward):
                           (blk, ptile), L)
             if cutlass.const_expr(self.z_with_y_free):
                 cute.arch.cp_async_commit_group()  # (x's group: the block's TR waits for it alone)
-            gated = a.has_z != 0
-            if cutlass.const_expr(self.inline_pass):  # (no z for an inline pass's blocks)
-                gated = gated & (blk * TILE + TILE > start)
-            if gated:
-                for w in cutlass.range_constexpr(HEADS):
-                    load_tile(g2s, thr, gz0 if w == 0 else gz1, ident, self._ring_tile(storage.z, w, k),
-                              (TILE, P_TILE), (blk, ptile), L)
+            if cutlass.const_expr(not self.z_in_staging):
+                gated = a.has_z != 0
+                if cutlass.const_expr(self.inline_pass):  # (no z for an inline pass's blocks)
+                    gated = gated & (blk * TILE + TILE > start)
+                if gated:
+                    for w in cutlass.range_constexpr(HEADS):
+                        load_tile(g2s, thr, gz0 if w == 0 else gz1, ident, self._ring_tile(storage.z, w, k),
+                                  (TILE, P_TILE), (blk, ptile), L)
+        cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def _load_staged_z(self, outputs, sources, w, blk, stages):
+        """:attr:`z_in_staging`: cp.async block blk's z of head h0 + w into the head's staging buffer (a block with
+        outputs, with z); one commit group (empty otherwise). Writer t copies the runs :meth:`_store_outputs` read."""
+        a, storage, _, _, _, ptile, _, _, t = outputs
+        _, _, gz0, gz1, g2s, ident, _ = sources
+        if stages:
+            if a.has_z != 0:
+                load_tile(g2s, g2s.get_slice(t), gz0 if w == 0 else gz1, ident, buffer(storage.y, w, P_TILE),
+                          (TILE, P_TILE), (blk, ptile), a.seqlen)
         cute.arch.cp_async_commit_group()
 
     @cute.jit
