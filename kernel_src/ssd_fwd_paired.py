@@ -173,7 +173,7 @@ class SsdForwardPaired(SsdForward):
     @property
     def ring(self):
         """B, C, x and z slots per ring: loaded two blocks ahead where shared memory allows (N 64, or N 128 with
-        :attr:`z_in_staging`), else one."""
+        :attr:`z_in_staging`, where z has none), else one."""
         return 3 if self.d_state == 64 or self.z_in_staging else 2
 
     def _paired_storage(self, io_type):
@@ -561,6 +561,8 @@ class SsdForwardPaired(SsdForward):
             if cutlass.const_expr(self.inline_pass):
                 self._await_tiles_free(k)
             self._load_xz(a, storage, sources, ptile, blk + ahead, blk_end, k + ahead, t, L)
+            if cutlass.const_expr(self.z_in_staging):  # (after x's copies: z's and x's latencies overlap)
+                self._hand_over_staging()
             if cutlass.const_expr(ahead == 1):
                 if blk + 1 < blk_end:
                     self._publish(1 if self.z_with_y_free else 0, k + 1)  # (z's group may still be in flight)
@@ -582,15 +584,18 @@ class SsdForwardPaired(SsdForward):
             if staged_before:
                 role_sync(head_barrier(w, Y_STAGED), Y_COUNT)
                 self._store_outputs(outputs, w, blk - 1)
-            if cutlass.const_expr(self.z_in_staging):
-                self._load_staged_z(outputs, sources, w, blk, stages)
+            if cutlass.const_expr(self.z_in_staging):  # (no inline pass: every block stages; Y_FREE comes later)
+                self._load_staged_z(outputs, sources, w, blk)
             elif stages:
                 role_arrive(head_barrier(w, Y_FREE), Y_COUNT)
-        if cutlass.const_expr(self.z_in_staging):
-            for w in cutlass.range_constexpr(HEADS):
-                if stages:
-                    cute.arch.cp_async_wait_group(HEADS - 1 - w)  # (head w's z group and every older one)
-                    role_arrive(head_barrier(w, Y_FREE), Y_COUNT)
+
+    @cute.jit
+    def _hand_over_staging(self):
+        """:attr:`z_in_staging`: each head's staging buffer handed to the products (Y_FREE) once its z group has
+        landed; the newer groups (head 1's z after head 0's, then block k + 2's x) may be in flight."""
+        for w in cutlass.range_constexpr(HEADS):
+            cute.arch.cp_async_wait_group(HEADS - w)
+            role_arrive(head_barrier(w, Y_FREE), Y_COUNT)
 
     @cute.jit
     def _await_tiles_free(self, k):
@@ -600,8 +605,8 @@ class SsdForwardPaired(SsdForward):
 
     @cute.jit
     def _load_xz(self, a, storage, sources, ptile, blk, blk_end, k, t, L):
-        """cp.async block blk's x (and z) of both heads into ring slot k mod ring; one commit group (two with
-        :attr:`z_with_y_free`, x's then z's, but past blk_end)."""
+        """cp.async block blk's x (and z, but with :attr:`z_in_staging`) of both heads into ring slot k mod ring; one
+        commit group (two with :attr:`z_with_y_free`, x's then z's, but past blk_end)."""
         gx0, gx1, gz0, gz1, g2s, ident, start = sources
         thr = g2s.get_slice(t)
         if blk < blk_end:
@@ -621,15 +626,14 @@ class SsdForwardPaired(SsdForward):
         cute.arch.cp_async_commit_group()
 
     @cute.jit
-    def _load_staged_z(self, outputs, sources, w, blk, stages):
-        """:attr:`z_in_staging`: cp.async block blk's z of head h0 + w into the head's staging buffer (a block with
-        outputs, with z); one commit group (empty otherwise). Writer t copies the runs :meth:`_store_outputs` read."""
+    def _load_staged_z(self, outputs, sources, w, blk):
+        """:attr:`z_in_staging`: cp.async block blk's z of head h0 + w into the head's staging buffer; one commit
+        group (empty without z). Writer t copies the runs its :meth:`_store_outputs` read."""
         a, storage, _, _, _, ptile, _, _, t = outputs
         _, _, gz0, gz1, g2s, ident, _ = sources
-        if stages:
-            if a.has_z != 0:
-                load_tile(g2s, g2s.get_slice(t), gz0 if w == 0 else gz1, ident, buffer(storage.y, w, P_TILE),
-                          (TILE, P_TILE), (blk, ptile), a.seqlen)
+        if a.has_z != 0:
+            load_tile(g2s, g2s.get_slice(t), gz0 if w == 0 else gz1, ident, buffer(storage.y, w, P_TILE),
+                      (TILE, P_TILE), (blk, ptile), a.seqlen)
         cute.arch.cp_async_commit_group()
 
     @cute.jit
