@@ -233,6 +233,12 @@ class SsdForwardPaired(SsdForward):
         """Head w's x (or z) tile of block k."""
         return buffer(storage_range, w * self.ring + k % self.ring, P_TILE)
 
+    def _z_tile(self, storage, w, k):
+        """Head w's z tile of block k: its ring slot, or with :attr:`z_in_staging` the head's staging buffer of y."""
+        if self.z_in_staging:
+            return buffer(storage.y, w, P_TILE)
+        return self._ring_tile(storage.z, w, k)
+
     def _sD(self, storage):
         return cute.make_tensor(storage.D.data_ptr(), cute.make_layout((HEADS, P_TILE), stride=(P_TILE, 1)))
 
@@ -305,10 +311,7 @@ class SsdForwardPaired(SsdForward):
         if a.has_D != 0:
             self._add_skip(mma, acc_y, sX, self._sD(storage), w)
         if a.has_z != 0:
-            if cutlass.const_expr(self.z_in_staging):
-                self._gate(mma, acc_y, buffer(storage.y, w, P_TILE))  # (store_matrices then writes y over it)
-            else:
-                self._gate(mma, acc_y, self._ring_tile(storage.z, w, k))
+            self._gate(mma, acc_y, self._z_tile(storage, w, k))  # (with z_in_staging, y is staged over it next)
         store_matrices(staging[0], acc_y, io_type)
         store_matrices(staging[1], acc_h, io_type)
         fence_operands(mma)  # (h₀ for the next block's C·h₀ᵀ)
@@ -585,7 +588,7 @@ class SsdForwardPaired(SsdForward):
                 role_sync(head_barrier(w, Y_STAGED), Y_COUNT)
                 self._store_outputs(outputs, w, blk - 1)
             if cutlass.const_expr(self.z_in_staging):  # (no inline pass: every block stages; Y_FREE comes later)
-                self._load_staged_z(outputs, sources, w, blk)
+                self._load_staged_z(outputs, sources, w, blk, k)
             elif stages:
                 role_arrive(head_barrier(w, Y_FREE), Y_COUNT)
 
@@ -621,18 +624,18 @@ class SsdForwardPaired(SsdForward):
                     gated = gated & (blk * TILE + TILE > start)
                 if gated:
                     for w in cutlass.range_constexpr(HEADS):
-                        load_tile(g2s, thr, gz0 if w == 0 else gz1, ident, self._ring_tile(storage.z, w, k),
+                        load_tile(g2s, thr, gz0 if w == 0 else gz1, ident, self._z_tile(storage, w, k),
                                   (TILE, P_TILE), (blk, ptile), L)
         cute.arch.cp_async_commit_group()
 
     @cute.jit
-    def _load_staged_z(self, outputs, sources, w, blk):
+    def _load_staged_z(self, outputs, sources, w, blk, k):
         """:attr:`z_in_staging`: cp.async block blk's z of head h0 + w into the head's staging buffer; one commit
         group (empty without z). Writer t copies the runs its :meth:`_store_outputs` read."""
         a, storage, _, _, _, ptile, _, _, t = outputs
         _, _, gz0, gz1, g2s, ident, _ = sources
         if a.has_z != 0:
-            load_tile(g2s, g2s.get_slice(t), gz0 if w == 0 else gz1, ident, buffer(storage.y, w, P_TILE),
+            load_tile(g2s, g2s.get_slice(t), gz0 if w == 0 else gz1, ident, self._z_tile(storage, w, k),
                       (TILE, P_TILE), (blk, ptile), a.seqlen)
         cute.arch.cp_async_commit_group()
 
