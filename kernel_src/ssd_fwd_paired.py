@@ -20,13 +20,14 @@ warpgroups, one per SM, walking heads 2y and 2y + 1 of one group (grid y; the CT
   head's staged y to ``out``.
 
 Tiles sit in rings (slot k mod ring for block k, blocks counted from the walk's first): B, C, x and z are loaded two
-blocks ahead at N 64 (rings of three) and one ahead at N 128 (two: three slots would not fit), Δ and the cumsums one
-block ahead in three slots. Hand-offs are named barriers (``ssd_tiles.role_sync`` / ``role_arrive``):
+blocks ahead at N 64 (rings of three) and one ahead at N 128 (two: three slots would not fit), but in the N 128
+variants without z (``z_gate`` False, which the runtime picks for calls without z), whose B, C and x have the z slots'
+room for rings of three; Δ and the cumsums one block ahead in three slots. Hand-offs are named barriers (``ssd_tiles.role_sync`` / ``role_arrive``):
 
 - TR + k mod 3, per head: block k's tiles and scan are in shared memory (loaders and writers arrive, the head's
-  products wait), but at N 128 its z after the walk's first block, which lands by the block's Y_FREE instead
+  products wait), but on rings of two its z after the walk's first block, which lands by the block's Y_FREE instead
   (``z_with_y_free``);
-- Y_FREE, per head: the writers are done with the staged y and, at N 128, the block's z has landed (the products
+- Y_FREE, per head: the writers are done with the staged y and, on rings of two, the block's z has landed (the products
   wait before the gate, which reads z, and before staging the next y);
 - Y_STAGED, per head: a block's y is staged (the products arrive, the writers wait);
 - TILES_FREE + k mod 3, both heads: the products are done with block k's tiles (the loaders wait before loading into
@@ -55,7 +56,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from kernel_src.abi import bind, cutlass_dtype
-from kernel_src.families import experiment_enabled
+from kernel_src.families import expect_constants
 from kernel_src.ssd_fwd import LOG2_E, P_TILE, SsdForward
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, async_tile_copy, buffer, fence_operands, load_tile, make_mma,
                                   matrix_store, mn_view, role_arrive, role_sync, scan_slot, smem_layout, store_matrices,
@@ -88,31 +89,24 @@ def head_barrier(w, which):
 class SsdForwardPaired(SsdForward):
     family = "ssd_fwd_paired"
     d_states = (64, 128)   # (N 256 is never paired: the plan keeps it on ssd_fwd)
-    # build experiments (scons experiment=NAME: cubins marked unvalidated; families.experiment_enabled tells the code)
-    experiments = ("z_loaded_into_y_staging",)
+    z_gates = (True, False)
 
-    def experiment_applies(self, name: str) -> bool:
-        """Whether build experiment ``name`` changes this variant (families.new_kernel): z_loaded_into_y_staging on
-        the warp-specialized CTA at N 128, without an inline pass (whose rings of three spill 16 B at N 128)."""
-        return (name == "z_loaded_into_y_staging" and self._paired() and self.d_state == 128
-                and not self.inline_pass)
+    def __init__(self, headdim: int, d_state: int, io_dtype: str, state_dtype: str, z_gate: bool = True):
+        super().__init__(headdim, d_state, io_dtype, state_dtype)
+        expect_constants(self, d_state=d_state, z_gate=z_gate)
+        self.z_gate = z_gate
 
-    @property
-    def z_in_staging(self) -> bool:
-        """Whether z has no ring but is loaded into y's staging buffer (experiment ``z_loaded_into_y_staging``, not
-        measured yet): at N 128 the 32 KB of z's two slots then hold B, C and x on rings of three, two blocks ahead
-        as at N 64. The writers, once they have copied block k - 1's y out of a head's staging buffer, cp.async block
-        k's z over it (each thread the 16-byte runs it has just read: the same thread-to-row map, so no barrier), and
-        wait for it before their Y_FREE arrival; the gate reads z there and the staged y overwrites it, each warp
-        its own rows. z's latency then has one block of products to hide in, where :attr:`z_with_y_free` gives it
-        two. A timing-only knockout (no z slots, rings of three; docs/PERF_NOTES.md, forty-fourth session) tells
-        first whether rings of three pay at all."""
-        return experiment_enabled(self, "z_loaded_into_y_staging")
+    @staticmethod
+    def combination_error(d_state: int, z_gate: bool = True, **_) -> str | None:
+        """Variants without z (``z_gate`` False) exist at N 128 only: at N 64 the z slots fit beside rings of three."""
+        if not z_gate and d_state != 128:
+            return f"z_gate False is an N 128 variant (d_state {d_state} has rings of three with z)"
+        return None
 
     @property
     def z_with_y_free(self) -> bool:
         """Whether the writers publish a block's z with Y_FREE instead of with its TR (but the walk's first block's,
-        preloaded with TR): on rings of two (N 128), where block k + 1's x and z are loaded while the products run
+        preloaded with TR): on rings of two (N 128 with z), where block k + 1's x and z are loaded while the products run
         block k. z is read only by the gate, after the products' Y_FREE wait, and by shared loads (no proxy fence
         needed), so its copies may land a block later: the writers commit x and z as two groups, publish TR once
         x's has landed (z's in flight, as :attr:`writers_two_ahead`'s publication leaves x's), and wait for z
@@ -172,12 +166,14 @@ class SsdForwardPaired(SsdForward):
 
     @property
     def ring(self):
-        """B, C, x and z slots per ring: loaded two blocks ahead where shared memory allows (N 64, or N 128 with
-        :attr:`z_in_staging`, where z has none), else one."""
-        return 3 if self.d_state == 64 or self.z_in_staging else 2
+        """B, C, x and z slots per ring: loaded two blocks ahead where shared memory allows (N 64, or N 128 without
+        :attr:`z_gate`, whose 32 KB of z slots then hold the third slots of B, C and x), else one. At N 128 without
+        z, rings of three took 2.6 % off the Mamba-2 2.7B call on an H100 (docs/PERF_NOTES.md, forty-fifth
+        session)."""
+        return 3 if self.d_state == 64 or not self.z_gate else 2
 
     def _paired_storage(self, io_type):
-        N, ring, tile, z_ring = self.d_state, self.ring, TILE * P_TILE, not self.z_in_staging
+        N, ring, tile, z_ring = self.d_state, self.ring, TILE * P_TILE, self.z_gate
 
         @cute.struct
         class SharedStorage:
@@ -232,12 +228,6 @@ class SsdForwardPaired(SsdForward):
     def _ring_tile(self, storage_range, w, k):
         """Head w's x (or z) tile of block k."""
         return buffer(storage_range, w * self.ring + k % self.ring, P_TILE)
-
-    def _z_tile(self, storage, w, k):
-        """Head w's z tile of block k: its ring slot, or with :attr:`z_in_staging` the head's staging buffer of y."""
-        if self.z_in_staging:
-            return buffer(storage.y, w, P_TILE)
-        return self._ring_tile(storage.z, w, k)
 
     def _sD(self, storage):
         return cute.make_tensor(storage.D.data_ptr(), cute.make_layout((HEADS, P_TILE), stride=(P_TILE, 1)))
@@ -305,13 +295,13 @@ class SsdForwardPaired(SsdForward):
                                walk_barrier)
         if stores_chunks:
             self._store_chunk_state(a, states, mma, acc_h, row, h, p0, block_start + s1 - 1, a.seqlen)
-        # (the writers have written sD before their first arrival, and the block's z before each: z_with_y_free,
-        # z_in_staging)
+        # (the writers have written sD before their first arrival, and the block's z before each: z_with_y_free)
         role_sync(head_barrier(w, Y_FREE), Y_COUNT)
         if a.has_D != 0:
             self._add_skip(mma, acc_y, sX, self._sD(storage), w)
-        if a.has_z != 0:
-            self._gate(mma, acc_y, self._z_tile(storage, w, k))  # (with z_in_staging, y is staged over it next)
+        if cutlass.const_expr(self.z_gate):
+            if a.has_z != 0:
+                self._gate(mma, acc_y, self._ring_tile(storage.z, w, k))
         store_matrices(staging[0], acc_y, io_type)
         store_matrices(staging[1], acc_h, io_type)
         fence_operands(mma)  # (h₀ for the next block's C·h₀ᵀ)
@@ -555,23 +545,21 @@ class SsdForwardPaired(SsdForward):
             self._load_xz(a, storage, sources, ptile, blk + ahead, blk_end, k + ahead, t, L)
             if blk + 1 < blk_end:
                 self._publish(1, k + 1)
-            self._hand_over_outputs(outputs, sources, blk, k)
+            self._hand_over_outputs(outputs, blk, k)
         else:
             if cutlass.const_expr(ahead == 2):
                 if blk + 1 < blk_end:
                     self._publish(0, k + 1)
-            self._hand_over_outputs(outputs, sources, blk, k)
+            self._hand_over_outputs(outputs, blk, k)
             if cutlass.const_expr(self.inline_pass):
                 self._await_tiles_free(k)
             self._load_xz(a, storage, sources, ptile, blk + ahead, blk_end, k + ahead, t, L)
-            if cutlass.const_expr(self.z_in_staging):  # (after x's copies: z's and x's latencies overlap)
-                self._hand_over_staging()
             if cutlass.const_expr(ahead == 1):
                 if blk + 1 < blk_end:
                     self._publish(1 if self.z_with_y_free else 0, k + 1)  # (z's group may still be in flight)
 
     @cute.jit
-    def _hand_over_outputs(self, outputs, sources, blk, k):
+    def _hand_over_outputs(self, outputs, blk, k):
         """Block blk - 1's staged y of both heads to ``out`` once staged, and the staging buffers handed to block
         blk. Every block stages a y but an inline pass's blocks before start, which have no Y_STAGED, Y_FREE or
         outputs (the writers learn from TILES_FREE when their x and z slots are free)."""
@@ -587,18 +575,8 @@ class SsdForwardPaired(SsdForward):
             if staged_before:
                 role_sync(head_barrier(w, Y_STAGED), Y_COUNT)
                 self._store_outputs(outputs, w, blk - 1)
-            if cutlass.const_expr(self.z_in_staging):  # (no inline pass: every block stages; Y_FREE comes later)
-                self._load_staged_z(outputs, sources, w, blk, k)
-            elif stages:
+            if stages:
                 role_arrive(head_barrier(w, Y_FREE), Y_COUNT)
-
-    @cute.jit
-    def _hand_over_staging(self):
-        """:attr:`z_in_staging`: each head's staging buffer handed to the products (Y_FREE) once its z group has
-        landed; the newer groups (head 1's z after head 0's, then block k + 2's x) may be in flight."""
-        for w in cutlass.range_constexpr(HEADS):
-            cute.arch.cp_async_wait_group(HEADS - w)
-            role_arrive(head_barrier(w, Y_FREE), Y_COUNT)
 
     @cute.jit
     def _await_tiles_free(self, k):
@@ -608,8 +586,8 @@ class SsdForwardPaired(SsdForward):
 
     @cute.jit
     def _load_xz(self, a, storage, sources, ptile, blk, blk_end, k, t, L):
-        """cp.async block blk's x (and z, but with :attr:`z_in_staging`) of both heads into ring slot k mod ring; one
-        commit group (two with :attr:`z_with_y_free`, x's then z's, but past blk_end)."""
+        """cp.async block blk's x (and z, with :attr:`z_gate`) of both heads into ring slot k mod ring; one commit group
+        (two with :attr:`z_with_y_free`, x's then z's, but past blk_end)."""
         gx0, gx1, gz0, gz1, g2s, ident, start = sources
         thr = g2s.get_slice(t)
         if blk < blk_end:
@@ -618,25 +596,14 @@ class SsdForwardPaired(SsdForward):
                           (blk, ptile), L)
             if cutlass.const_expr(self.z_with_y_free):
                 cute.arch.cp_async_commit_group()  # (x's group: the block's TR waits for it alone)
-            if cutlass.const_expr(not self.z_in_staging):
+            if cutlass.const_expr(self.z_gate):
                 gated = a.has_z != 0
                 if cutlass.const_expr(self.inline_pass):  # (no z for an inline pass's blocks)
                     gated = gated & (blk * TILE + TILE > start)
                 if gated:
                     for w in cutlass.range_constexpr(HEADS):
-                        load_tile(g2s, thr, gz0 if w == 0 else gz1, ident, self._z_tile(storage, w, k),
+                        load_tile(g2s, thr, gz0 if w == 0 else gz1, ident, self._ring_tile(storage.z, w, k),
                                   (TILE, P_TILE), (blk, ptile), L)
-        cute.arch.cp_async_commit_group()
-
-    @cute.jit
-    def _load_staged_z(self, outputs, sources, w, blk, k):
-        """:attr:`z_in_staging`: cp.async block blk's z of head h0 + w into the head's staging buffer; one commit
-        group (empty without z). Writer t copies the runs its :meth:`_store_outputs` read."""
-        a, storage, _, _, _, ptile, _, _, t = outputs
-        _, _, gz0, gz1, g2s, ident, _ = sources
-        if a.has_z != 0:
-            load_tile(g2s, g2s.get_slice(t), gz0 if w == 0 else gz1, ident, self._z_tile(storage, w, k),
-                      (TILE, P_TILE), (blk, ptile), a.seqlen)
         cute.arch.cp_async_commit_group()
 
     @cute.jit

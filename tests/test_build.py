@@ -458,26 +458,20 @@ def test_rings_of_two_publish_x_alone_and_wait_for_z_before_y_free(compile_once,
     assert re.search(handover, order)
 
 
-def test_the_z_in_staging_experiment_loads_z_over_each_staged_y_before_y_free(tmp_path, compile_once):
-    """``experiment=z_loaded_into_y_staging`` (ssd_fwd_paired at N 128; not measured yet): z has no slots, and B, C
-    and x take rings of three (+48 KB - 32 KB of shared memory). In the writers' loop, after each head's Y_STAGED
-    wait, that head's z (8 copies) is a commit group of its own; then block k + 2's x (16); head 0's Y_FREE arrival
-    waits for all but the newest two groups (head 1's z, x), head 1's for all but x's. The inline pass and N 64
-    decline it. (Not checked here: the copies' destinations, and the products' side.)"""
-    from kernel_src.ssd_fwd_paired import Y_FREE, Y_STAGED, head_barrier
+def test_the_n128_variant_without_z_has_rings_of_three_and_no_gate(compile_once):
+    """ssd_fwd_paired at N 128 with ``z_gate`` False (the runtime's variant for calls without z): no z slots, B, C and x
+    on rings of three (+48 KB - 32 KB of shared memory), no gate (silu's tanh.approx, MUFU.TANH, only in the variant
+    with z); N 64 (rings of three with z) and the inline pass (which would spill) have no such variant."""
     constants = {**BF16_P64_N128, "state_dtype": "fp32"}
-    default, default_entry = compile_once("sm_90a", "ssd_fwd_paired", constants)
-    staged, entry = _compile(tmp_path, "sm_90a", "ssd_fwd_paired", constants, ("z_loaded_into_y_staging",))
-    assert entry["validated"] is False and entry["experiments"] == ["z_loaded_into_y_staging"]
-    assert entry["dynamic_smem"] == default_entry["dynamic_smem"] + 16 * 1024
-    barrier = {(w, which): f"{head_barrier(w, which):#x}" for w in (0, 1) for which in (Y_FREE, Y_STAGED)}
-    handover = (rf"SYNC\({barrier[0, Y_STAGED]}\) LDGSTSx8 COMMIT SYNC\({barrier[1, Y_STAGED]}\) LDGSTSx8 COMMIT "
-                rf"LDGSTSx16 COMMIT WAIT\(0x2\) ARV\({barrier[0, Y_FREE]}\) WAIT\(0x1\) ARV\({barrier[1, Y_FREE]}\)")
-    orders = [_copies_and_barriers(cubin_checks.sass(c, toolchain.cuobjdump())) for c in (default, staged)]
-    assert not re.search(handover, orders[0]) and re.search(handover, orders[1])
-    for family, d_state in (("ssd_fwd_inline", 128), ("ssd_fwd_paired", 64)):
-        kernel = families.new_kernel(family, {**constants, "d_state": d_state}, "sm_90a", ["z_loaded_into_y_staging"])
-        assert kernel.enabled_experiments == frozenset()
+    gated, gated_entry = compile_once("sm_90a", "ssd_fwd_paired", {**constants, "z_gate": True})
+    ungated, entry = compile_once("sm_90a", "ssd_fwd_paired", {**constants, "z_gate": False})
+    assert entry["dynamic_smem"] == gated_entry["dynamic_smem"] + 16 * 1024
+    assert families.new_kernel("ssd_fwd_paired", {**constants, "z_gate": False}, "sm_90a").ring == 3
+    tanh = [cubin_checks.sass(c, toolchain.cuobjdump()).count("MUFU.TANH") for c in (gated, ungated)]
+    assert tanh[0] > 0 and tanh[1] == 0
+    for family, d_state in (("ssd_fwd_paired", 64), ("ssd_fwd_inline", 128)):
+        with pytest.raises(ValueError, match="z_gate"):
+            families.kernel_class(family)(**{**constants, "d_state": d_state, "z_gate": False})
 
 
 @pytest.mark.parametrize("family, constants, most_permutes", [

@@ -35,38 +35,57 @@ def paired_launches(monkeypatch):
     yield picked
 
 
+@pytest.fixture
+def paired_variants(monkeypatch):
+    """The variant constants of every ssd_fwd_paired launch, launch by launch."""
+    from mamba2_aot.plans import ssd_fwd
+    constants = []
+
+    def recorded(family, launch):
+        family, launch = with_family_constants(family, launch)
+        if family == "ssd_fwd_paired":
+            constants.append(dict(launch.constants))
+        return family, launch
+    with_family_constants = ssd_fwd.with_family_constants
+    monkeypatch.setattr(ssd_fwd, "with_family_constants", recorded)
+    return constants
+
+
 @pytest.mark.parametrize("constants", built_constants("ssd_fwd_paired"),
                          ids=lambda c: "-".join(f"{k}{v}" for k, v in sorted(c.items())))
 @pytest.mark.parametrize("packing", [None, "cu_seqlens"])
-def test_outputs_are_the_walks_bitwise(constants, packing, paired_launches, monkeypatch):
+def test_outputs_are_the_walks_bitwise(constants, packing, paired_launches, paired_variants, monkeypatch):
     """One call through the paired kernel, then through the walk: the same bits in out, the final states and the chunk
-    states (D per (H, P), z, dt_bias, dt_limit, initial states in the variant's state dtype, L not a multiple of 64;
-    with cu_seqlens, sequences that start inside blocks and an empty one)."""
+    states (D per (H, P), z but in the variants without z slots, dt_bias, dt_limit, initial states in the variant's
+    state dtype, L not a multiple of 64; with cu_seqlens, sequences that start inside blocks and an empty one)."""
     P, N, io, state = constants["headdim"], constants["d_state"], constants["io_dtype"], constants["state_dtype"]
+    z = constants["z_gate"]
     if packing is None:
-        inputs = generators.standard_inputs(3, 200, 8, P, N, 2, TORCH_DTYPES[io], seed=P + N, D="HP", z=True,
+        inputs = generators.standard_inputs(3, 200, 8, P, N, 2, TORCH_DTYPES[io], seed=P + N, D="HP", z=z,
                                             initial_states=True)
     else:
-        inputs = generators.packed_inputs(8, P, N, 2, TORCH_DTYPES[io], seed=N, chunk_size=64, z=True,
+        inputs = generators.packed_inputs(8, P, N, 2, TORCH_DTYPES[io], seed=N, chunk_size=64, z=z,
                                           lengths=[70, 0, 130, 5])
         inputs.pop("seq_idx")
     inputs = _to_cuda(inputs)
     _expect_the_walks_bits(inputs, paired_launches, monkeypatch, chunk_size=64, final=True, chunks=packing is None,
                            state_dtype=TORCH_DTYPES[state], dt_limit=(1e-3, 0.2))
+    assert paired_variants == [constants]
 
 
 @pytest.mark.parametrize("constants", built_constants("ssd_fwd_paired"),
                          ids=lambda c: "-".join(f"{k}{v}" for k, v in sorted(c.items())))
-def test_handover_calls_are_the_walks_bitwise(constants, paired_launches, monkeypatch):
+def test_handover_calls_are_the_walks_bitwise(constants, paired_launches, paired_variants, monkeypatch):
     """A call whose segments hand their states over in one launch (flags in the workspace), through the paired kernel
-    and through the walk: the same bits in out and the final states."""
+    (with z but in the variants without z slots) and through the walk: the same bits in out and the final states."""
     from mamba2_aot.plans import ssd_fwd
     P, N, io, state = constants["headdim"], constants["d_state"], constants["io_dtype"], constants["state_dtype"]
     assert ssd_fwd.plan_handover(3, 600, 90, P, N)[0] > 1
-    inputs = _to_cuda(generators.standard_inputs(3, 600, 90, P, N, 1, TORCH_DTYPES[io], seed=P + N, D="H", z=True,
-                                                 initial_states=True))
+    inputs = _to_cuda(generators.standard_inputs(3, 600, 90, P, N, 1, TORCH_DTYPES[io], seed=P + N, D="H",
+                                                 z=constants["z_gate"], initial_states=True))
     _expect_the_walks_bits(inputs, paired_launches, monkeypatch, final=True, state_dtype=TORCH_DTYPES[state],
                            workspace=True)
+    assert paired_variants == [constants]
 
 
 @pytest.mark.parametrize("constants", built_constants("ssd_fwd_inline"),

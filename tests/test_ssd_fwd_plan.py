@@ -352,6 +352,18 @@ def test_launches_go_to_the_paired_kernel_by_their_pairs():
     assert families(**long_args(batch=4, heads=100, workspace=None)) == ["ssd_fwd_paired"]
 
 
+def test_paired_launches_without_z_at_n128_take_the_variant_without_z_slots():
+    """ssd_fwd_paired's ``z_gate`` constant: False for a launch without z at N 128 (rings of three), True with z and at
+    N 64; the other families have no such constant."""
+    def paired_z_gates(d_state, **over):
+        args = long_args(batch=8, heads=80, d_state=d_state, **over)
+        return [call.constants.get("z_gate") for family, call in launches(**args) if family == "ssd_fwd_paired"]
+    assert paired_z_gates(128) == [False]
+    assert paired_z_gates(128, z=fake_array(1 << 41, (8, 4096, 80, P), "fp16")) == [True]
+    assert paired_z_gates(64) == [True]
+    assert all("z_gate" not in call.constants for call in steps(**long_args(heads=128, seqlen=8192))[:1])
+
+
 def test_a_states_only_splits_pass_runs_on_its_own_kernel_and_its_segments_pair():
     """B1 L8192 H128 (as the Nemotron-H-like reference shape): the states-only pass (128 heads) runs on ssd_fwd_pass,
     its 2 segments (128 pairs) on the paired kernel. The pass goes to ssd_fwd_pass whatever its pairs, and nothing else

@@ -90,7 +90,8 @@ the pass with its tiles loaded three blocks ahead); a split with an inline pass 
 (``kernel_src/ssd_fwd_inline.py``); else ``ssd_fwd_paired`` (``kernel_src/ssd_fwd_paired.py``: on sm_90a
 one CTA per SM walks two heads with warp-specialized warpgroups; on sm_100a its cubin is the walk) when the launch has
 d_state <= 128, no ``seq_idx``, an even number of heads per group and its walk's CTAs (two per pair of heads) would
-not fit one per SM (:func:`paired_pays`); else ``ssd_fwd``'s walk. All four compute the same values in the same order:
+not fit one per SM (:func:`paired_pays`), its variant without z slots for a launch without z at N 128
+(:func:`with_family_constants`); else ``ssd_fwd``'s walk. All four compute the same values in the same order:
 the outputs are the same bits whichever runs for finite inputs (without D the walk adds 0 · x, the paired kernel
 nothing: an infinite x gives NaN in the walk's out only).
 """
@@ -274,7 +275,7 @@ class SsdForwardPlan(CompositePlan):
         call = self.bind(**kwargs)
         if workspace is not None:
             expect_workspace(workspace, "ssd_fwd")
-        return [(launch_family(step), step) for step in split_call(call, workspace)]
+        return [with_family_constants(launch_family(step), step) for step in split_call(call, workspace)]
 
     def bind(self, *, x, dt, A, B, C, out, chunk_size=256, D=None, z=None, dt_bias=None, dt_softplus=False,
              dt_limit=(0.0, math.inf), initial_states=None, initial_state_indices=None, final_states=None,
@@ -487,6 +488,16 @@ def paired_pays(pairs: int) -> bool:
     """Whether ssd_fwd_paired's ``pairs`` CTAs (two heads each) beat the walk's 2 · ``pairs``: when those do not fit
     one per SM (above)."""
     return 2 * pairs > SMS
+
+
+def with_family_constants(family: str, launch: BoundCall) -> tuple[str, BoundCall]:
+    """(family, launch) with the constants of the family's variant: ssd_fwd_paired's ``z_gate``, False for a launch
+    without z at N 128 (that variant has no z slots, and its B, C and x have rings of three instead of two), else
+    True."""
+    if family != PAIRED_FAMILY:
+        return family, launch
+    z_gate = bool(launch.params["has_z"]) or launch.constants["d_state"] != 128
+    return family, launch._replace(constants={**launch.constants, "z_gate": z_gate})
 
 
 def launch_family(launch: BoundCall) -> str:
