@@ -22,7 +22,8 @@ warpgroups, one per SM, walking heads 2y and 2y + 1 of one group (grid y; the CT
 Tiles sit in rings (slot k mod ring for block k, blocks counted from the walk's first): B, C, x and z are loaded two
 blocks ahead at N 64 (rings of three) and one ahead at N 128 (two: three slots would not fit), but in the N 128
 variants without z (``z_gate`` False, which the runtime picks for calls without z), whose B, C and x have the z slots'
-room for rings of three; Δ and the cumsums one block ahead in three slots. Hand-offs are named barriers (``ssd_tiles.role_sync`` / ``role_arrive``):
+room for rings of three; Δ and the cumsums one block ahead in three slots. Hand-offs are named barriers
+(``ssd_tiles.role_sync`` / ``role_arrive``):
 
 - TR + k mod 3, per head: block k's tiles and scan are in shared memory (loaders and writers arrive, the head's
   products wait), but on rings of two its z after the walk's first block, which lands by the block's Y_FREE instead
@@ -106,8 +107,8 @@ class SsdForwardPaired(SsdForward):
     @property
     def z_with_y_free(self) -> bool:
         """Whether the writers publish a block's z with Y_FREE instead of with its TR (but the walk's first block's,
-        preloaded with TR): on rings of two (N 128 with z), where block k + 1's x and z are loaded while the products run
-        block k. z is read only by the gate, after the products' Y_FREE wait, and by shared loads (no proxy fence
+        preloaded with TR): on rings of two (N 128 with z), where block k + 1's x and z are loaded while the products
+        run block k. z is read only by the gate, after the products' Y_FREE wait, and by shared loads (no proxy fence
         needed), so its copies may land a block later: the writers commit x and z as two groups, publish TR once
         x's has landed (z's in flight, as :attr:`writers_two_ahead`'s publication leaves x's), and wait for z
         before they arrive on Y_FREE in the next block. 3.4-3.7 % off the z shapes on an H100, where TR waited for
