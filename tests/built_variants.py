@@ -4,11 +4,11 @@ import pytest
 
 
 def built_constants(family: str) -> list[dict]:
-    """The distinct constants of every built variant of ``family``, in a stable order (none when no cubins are
-    installed: a sweep collected without them has nothing to run)."""
+    """The distinct constants of every built variant of ``family`` itself (not of a composite family's other steps),
+    in a stable order (none when no cubins are installed: a sweep collected without them has nothing to run)."""
     from mamba2_aot import runtime
     try:
-        rows = runtime.list_variants(family)
+        rows = [v for v in runtime.list_variants(family) if v["family"] == family]
     except Exception:
         return []
     return [dict(c) for c in sorted({tuple(sorted(v["constants"].items())) for v in rows})]

@@ -299,14 +299,17 @@ def test_incremental_rebuild(two_clean_builds):
 @pytest.mark.parametrize("step", ["ssd_fwd_paired", "ssd_fwd_pass", "ssd_fwd_inline"])
 def test_every_ssd_fwd_variant_the_plan_may_send_to_a_step_is_built_there(config, step):
     """ssd_fwd's plan may send any of its launches up to N 128 to ssd_fwd_paired, any split call's states-only pass
-    to ssd_fwd_pass, and a split call up to N 128 in one launch to ssd_fwd_inline, with the same constants: each config
+    to ssd_fwd_pass, and a split call up to N 128 in one launch to ssd_fwd_inline, with the same constants (and
+    ssd_fwd_paired's ``z_gate``: True, and at N 128 False too, ``plans.ssd_fwd.with_family_constants``): each config
     builds those families for exactly ssd_fwd's variants they can run (the family's d_states)."""
     matrix = tomllib.loads((ROOT / "build_configs" / f"{config}.toml").read_text())
     variants = families.expand(matrix)
     runnable = families.kernel_class(step).d_states
-    built = {families.variant_key("ssd_fwd", c) for f, c in variants if f == step}
-    walked = {families.variant_key("ssd_fwd", c) for f, c in variants if f == "ssd_fwd" and c["d_state"] in runnable}
-    assert built == walked
+    built = {families.variant_key(step, c) for f, c in variants if f == step}
+    z_gates = lambda c: (True, False) if c["d_state"] == 128 else (True,)  # noqa: E731
+    asked = [{**c, "z_gate": g} for c in (c for f, c in variants if f == "ssd_fwd" and c["d_state"] in runnable)
+             for g in (z_gates(c) if step == "ssd_fwd_paired" else (None,))]
+    assert built == {families.variant_key(step, {k: v for k, v in c.items() if v is not None}) for c in asked}
 
 
 @pytest.mark.parametrize("config", ["ci", "full"])

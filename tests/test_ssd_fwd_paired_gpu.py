@@ -90,14 +90,16 @@ def test_handover_calls_are_the_walks_bitwise(constants, paired_launches, paired
 
 @pytest.mark.parametrize("constants", built_constants("ssd_fwd_inline"),
                          ids=lambda c: "-".join(f"{k}{v}" for k, v in sorted(c.items())))
-def test_inline_pass_calls_are_the_two_launch_splits_bitwise(constants, paired_launches):
+@pytest.mark.parametrize("z", [True, False])
+def test_inline_pass_calls_are_the_two_launch_splits_bitwise(constants, z, paired_launches, paired_variants):
     """A split call without a workspace, in one ssd_fwd_inline launch (four or five segments, each after the first
     walking the state alone over the ones before it, the last short and ending inside a block), against the same call
     with a workspace, split in two launches (its pass of 2304 tokens is too long for an inline pass: the states-only
-    pass, then the segments on the paired kernel): the same bits in out and the final states."""
+    pass, then the segments on the paired kernel; without z at N 128, its variant without z slots): the same bits in
+    out and the final states."""
     from mamba2_aot.plans import ssd_fwd
     P, N, io, state = constants["headdim"], constants["d_state"], constants["io_dtype"], constants["state_dtype"]
-    inputs = _to_cuda(generators.standard_inputs(1, 2600, 8, P, N, 2, TORCH_DTYPES[io], seed=P + N, D="HP", z=True,
+    inputs = _to_cuda(generators.standard_inputs(1, 2600, 8, P, N, 2, TORCH_DTYPES[io], seed=P + N, D="HP", z=z,
                                                  initial_states=True))
     assert ssd_fwd.plan_inline(8 * P // 128, 2600, N)[0] >= 4
     kw = dict(final=True, state_dtype=TORCH_DTYPES[state], dt_limit=(1e-3, 0.2))
@@ -105,6 +107,7 @@ def test_inline_pass_calls_are_the_two_launch_splits_bitwise(constants, paired_l
     assert paired_launches == ["ssd_fwd_inline"]
     split = _run(inputs, workspace=True, **kw)
     assert paired_launches[1:] == ["ssd_fwd_pass", "ssd_fwd_paired"]
+    assert [c["z_gate"] for c in paired_variants] == [z or N != 128]
     for name, value in split.items():
         assert torch.isfinite(value.float()).all(), name
         assert torch.equal(inline[name], value), name

@@ -361,7 +361,9 @@ def test_paired_launches_without_z_at_n128_take_the_variant_without_z_slots():
     assert paired_z_gates(128) == [False]
     assert paired_z_gates(128, z=fake_array(1 << 41, (8, 4096, 80, P), "fp16")) == [True]
     assert paired_z_gates(64) == [True]
-    assert all("z_gate" not in call.constants for call in steps(**long_args(heads=128, seqlen=8192))[:1])
+    for args in (long_args(heads=128, seqlen=8192), long_args(batch=2, heads=64, seqlen=2048)):
+        for family, call in launches(**args):  # (the pass and paired segments; one inline launch)
+            assert ("z_gate" in call.constants) == (family == "ssd_fwd_paired")
 
 
 def test_a_states_only_splits_pass_runs_on_its_own_kernel_and_its_segments_pair():

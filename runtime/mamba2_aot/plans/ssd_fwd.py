@@ -135,8 +135,9 @@ PASS_FAMILY = "ssd_fwd_pass"
 INLINE_FAMILY = "ssd_fwd_inline"
 MAX_HANDOVER_SEGMENTS = 4  # each hand-over costs a wait and a pipeline refill: a few, not many
 # An inline pass's block (ssd_fwd_inline walking the state alone before a segment's outputs) against a block with
-# outputs: its time share, by d_state (measured on the H200, docs/PERF_NOTES.md, thirtieth session)
-INLINE_PASS_COST = {64: 0.6, 128: 0.4}
+# outputs: its time share, by d_state (measured on the H200, docs/PERF_NOTES.md, thirtieth session; N 128 re-fitted
+# on an H100 once z was published with Y_FREE, which made the blocks with outputs cheaper: forty-fifth session)
+INLINE_PASS_COST = {64: 0.6, 128: 0.5}
 # With a workspace, a split whose states-only pass walks more tokens than this runs in two launches (ssd_fwd_pass, then
 # the segments): a long pass amortises its launch and its ring's fill, and its blocks cost less than an inline pass's
 # (measured on the H200: B2 L2048, a pass of 1024 tokens, 7-9 % faster inline; L8192, 4096 tokens, 3 % slower)
