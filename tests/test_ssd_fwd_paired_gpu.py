@@ -92,7 +92,7 @@ def test_handover_calls_are_the_walks_bitwise(constants, paired_launches, paired
                          ids=lambda c: "-".join(f"{k}{v}" for k, v in sorted(c.items())))
 @pytest.mark.parametrize("z", [True, False])
 def test_inline_pass_calls_are_the_two_launch_splits_bitwise(constants, z, paired_launches, paired_variants):
-    """A split call without a workspace, in one ssd_fwd_inline launch (four or five segments, each after the first
+    """A split call without a workspace, in one ssd_fwd_inline launch (four segments, each after the first
     walking the state alone over the ones before it, the last short and ending inside a block), against the same call
     with a workspace, split in two launches (its pass of 2304 tokens is too long for an inline pass: the states-only
     pass, then the segments on the paired kernel; without z at N 128, its variant without z slots): the same bits in
