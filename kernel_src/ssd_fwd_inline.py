@@ -23,4 +23,3 @@ from kernel_src.ssd_fwd_paired import SsdForwardPaired
 class SsdForwardInline(SsdForwardPaired):
     family = "ssd_fwd_inline"
     inline_pass = True
-    z_gates = (True,)  # (no variant without z: rings of three spill 16 B with an inline pass at N 128)

@@ -79,7 +79,7 @@ Y_COUNT = WARPGROUP + WRITERS
 TILES_FREE_COUNT = HEADS * WARPGROUP + LOADERS
 # setmaxnreg: 2 product shares + the helper's = 3 x 168, the registers a 384-thread CTA gets per thread
 REGISTERS_PER_THREAD = 168
-PRODUCT_REGISTERS = {64: 184, 128: 216}   # by d_state (the products need ~172 at N 64)
+PRODUCT_REGISTERS = {64: 184, 128: 216}   # by d_state (the products need ~172 at N 64); see product_registers
 
 
 def head_barrier(w, which):
@@ -123,6 +123,14 @@ class SsdForwardPaired(SsdForward):
         a block with outputs hides that load, but an inline pass's blocks of the state alone waited for it (ncu,
         thirty-seventh session), and B2 N64 took 5.8 % longer (docs/PERF_NOTES.md, thirty-eighth session)."""
         return self.inline_pass and self.ring == 3
+
+    @property
+    def product_registers(self):
+        """Each product thread's setmaxnreg share: by d_state, but 224 for an inline pass on rings of three at N 128
+        (without z), whose products spill 16 B at 216 (the helper's 56 then suffice)."""
+        if self.writers_two_ahead and self.d_state == 128:
+            return 224
+        return PRODUCT_REGISTERS[self.d_state]
 
     @property
     def tiles_free_count(self):
@@ -210,10 +218,10 @@ class SsdForwardPaired(SsdForward):
             if pair * HEADS < a.nheads:
                 role = cute.arch.warp_idx() // 4
                 if role < HEADS:
-                    cute.arch.warpgroup_reg_alloc(PRODUCT_REGISTERS[self.d_state])
+                    cute.arch.warpgroup_reg_alloc(self.product_registers)
                     self._products_walk(a, storage, ptile, pair * HEADS + role, role, source, segment)
                 else:
-                    cute.arch.warpgroup_reg_dealloc(3 * REGISTERS_PER_THREAD - HEADS * PRODUCT_REGISTERS[self.d_state])
+                    cute.arch.warpgroup_reg_dealloc(3 * REGISTERS_PER_THREAD - HEADS * self.product_registers)
                     tid = cute.arch.thread_idx()[0] - HEADS * WARPGROUP
                     if tid < LOADERS:
                         self._loader(a, storage, pair * HEADS, source, segment, tid)

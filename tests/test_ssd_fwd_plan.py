@@ -353,8 +353,8 @@ def test_launches_go_to_the_paired_kernel_by_their_pairs():
 
 
 def test_paired_launches_without_z_at_n128_take_the_variant_without_z_slots():
-    """ssd_fwd_paired's ``z_gate`` constant: False for a launch without z at N 128 (rings of three), True with z and at
-    N 64; the other families have no such constant."""
+    """ssd_fwd_paired's (and ssd_fwd_inline's) ``z_gate`` constant: False for a launch without z at N 128 (rings of
+    three), True with z and at N 64; the other families have no such constant."""
     def paired_z_gates(d_state, **over):
         args = long_args(batch=8, heads=80, d_state=d_state, **over)
         return [call.constants.get("z_gate") for family, call in launches(**args) if family == "ssd_fwd_paired"]
@@ -363,7 +363,7 @@ def test_paired_launches_without_z_at_n128_take_the_variant_without_z_slots():
     assert paired_z_gates(64) == [True]
     for args in (long_args(heads=128, seqlen=8192), long_args(batch=2, heads=64, seqlen=2048)):
         for family, call in launches(**args):  # (the pass and paired segments; one inline launch)
-            assert ("z_gate" in call.constants) == (family == "ssd_fwd_paired")
+            assert call.constants.get("z_gate") == (None if family == "ssd_fwd_pass" else False)
 
 
 def test_a_states_only_splits_pass_runs_on_its_own_kernel_and_its_segments_pair():
@@ -386,7 +386,7 @@ def test_a_call_without_a_workspace_is_split_in_one_launch_with_an_inline_pass()
     from mamba2_aot.plans.ssd_fwd import INLINE_PASS_COST, plan_inline
     args = long_args(batch=2, heads=64, seqlen=2048, workspace=None)
     ((family, call),) = launches(**args)
-    segments, segment_len = plan_inline(64, 2048, N)
+    segments, segment_len = plan_inline(64, 2048, N, gated=False)
     assert family == "ssd_fwd_inline" and call.grid == (2, 64, 2) and segments == 2
     assert {k: call.params[k] for k in ("inline_pass", "segments", "segment_len", "seqlen", "has_chunk_states",
                                         "states_only", "has_final_states")} == {
@@ -394,15 +394,16 @@ def test_a_call_without_a_workspace_is_split_in_one_launch_with_an_inline_pass()
         "states_only": 0, "has_final_states": 1}
     assert segment_len % 64 == 0 and 1024 < segment_len <= 2048 - 256
     # the first segment's time (its tokens) against the second's (the inline pass, then its own tokens)
-    assert abs(segment_len - (INLINE_PASS_COST[N] * segment_len + 2048 - segment_len)) <= 64
+    assert abs(segment_len - (INLINE_PASS_COST[N, False] * segment_len + 2048 - segment_len)) <= 64
 
 
+@pytest.mark.parametrize("gated", [True, False])
 @pytest.mark.parametrize("d_state", [64, 128])
 @pytest.mark.parametrize("pairs,seqlen", [(64, 2048), (64, 8192), (16, 4096), (32, 8192), (48, 1024), (66, 600)])
-def test_inline_segments_pair_fit_one_wave_and_beat_the_unsplit_row(pairs, seqlen, d_state):
+def test_inline_segments_pair_fit_one_wave_and_beat_the_unsplit_row(pairs, seqlen, d_state, gated):
     from mamba2_aot.plans.ssd_fwd import INLINE_PASS_COST, MIN_SEGMENT, SMS, paired_pays, plan_inline
-    segments, segment_len = plan_inline(pairs, seqlen, d_state)
-    c = INLINE_PASS_COST[d_state]
+    segments, segment_len = plan_inline(pairs, seqlen, d_state, gated)
+    c = INLINE_PASS_COST[d_state, gated]
     if segments == 1:  # only when two segments (one wave at 66 pairs) would leave the last too short
         assert pairs == 66 and seqlen - math.ceil(seqlen / (64 * (2 - c))) * 64 < MIN_SEGMENT
         return

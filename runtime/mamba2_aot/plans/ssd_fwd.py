@@ -90,9 +90,9 @@ the pass with its tiles loaded three blocks ahead); a split with an inline pass 
 (``kernel_src/ssd_fwd_inline.py``); else ``ssd_fwd_paired`` (``kernel_src/ssd_fwd_paired.py``: on sm_90a
 one CTA per SM walks two heads with warp-specialized warpgroups; on sm_100a its cubin is the walk) when the launch has
 d_state <= 128, no ``seq_idx``, an even number of heads per group and its walk's CTAs (two per pair of heads) would
-not fit one per SM (:func:`paired_pays`), its variant without z slots for a launch without z at N 128
-(:func:`with_family_constants`); else ``ssd_fwd``'s walk. All four compute the same values in the same order:
-the outputs are the same bits whichever runs for finite inputs (without D the walk adds 0 · x, the paired kernel
+not fit one per SM (:func:`paired_pays`); else ``ssd_fwd``'s walk. ssd_fwd_paired and ssd_fwd_inline run a launch
+without z at N 128 on their variant without z slots (:func:`with_family_constants`). All four compute the same values
+in the same order: the outputs are the same bits whichever runs for finite inputs (without D the walk adds 0 · x, the paired kernel
 nothing: an infinite x gives NaN in the walk's out only).
 """
 from __future__ import annotations
@@ -135,9 +135,10 @@ PASS_FAMILY = "ssd_fwd_pass"
 INLINE_FAMILY = "ssd_fwd_inline"
 MAX_HANDOVER_SEGMENTS = 4  # each hand-over costs a wait and a pipeline refill: a few, not many
 # An inline pass's block (ssd_fwd_inline walking the state alone before a segment's outputs) against a block with
-# outputs: its time share, by d_state (measured on the H200, docs/PERF_NOTES.md, thirtieth session; N 128 re-fitted
-# on an H100 once z was published with Y_FREE, which made the blocks with outputs cheaper: forty-fifth session)
-INLINE_PASS_COST = {64: 0.6, 128: 0.5}
+# outputs: its time share, by (d_state, whether the outputs are gated by z) (measured on the H200, docs/PERF_NOTES.md,
+# thirtieth session; N 128 re-fitted on an H100, forty-fifth session: with z, blocks with outputs got cheaper once z was
+# published with Y_FREE; without z, they are cheaper still and the variant without z slots has rings of three)
+INLINE_PASS_COST = {(64, True): 0.6, (64, False): 0.6, (128, True): 0.5, (128, False): 0.6}
 # With a workspace, a split whose states-only pass walks more tokens than this runs in two launches (ssd_fwd_pass, then
 # the segments): a long pass amortises its launch and its ring's fill, and its blocks cost less than an inline pass's
 # (measured on the H200: B2 L2048, a pass of 1024 tokens, 7-9 % faster inline; L8192, 4096 tokens, 3 % slower)
@@ -177,15 +178,16 @@ def plan_segments(batch: int, seqlen: int, nheads: int, headdim: int, d_state: i
     return best
 
 
-def plan_inline(pairs: int, seqlen: int, d_state: int) -> tuple[int, int]:
-    """(segments, segment_len) of a split call run as one ssd_fwd_inline launch of ``pairs`` CTAs (two heads each) per
-    segment: segment s > 0 walks the state alone over the s · segment_len tokens before it (each such block at
-    INLINE_PASS_COST[d_state] of a block with outputs), the last segment runs to L, so the first segments are longer
+def plan_inline(pairs: int, seqlen: int, d_state: int, gated: bool) -> tuple[int, int]:
+    """(segments, segment_len) of a split call (with z: ``gated``) run as one ssd_fwd_inline launch of ``pairs`` CTAs
+    (two heads each) per segment: segment s > 0 walks the state alone over the s · segment_len tokens before it (each
+    such block at INLINE_PASS_COST[d_state, gated] of a block with outputs), the last segment runs to L, so the first
+    segments are longer
     than the last. Candidates: the segment counts whose CTAs fit one per SM and pair (:func:`paired_pays`); their
     segment_len equalises the first segments' time, (1 + c·(segments - 2)) · segment_len, with the last's, c ·
-    (segments - 1) · segment_len + L - (segments - 1) · segment_len (c = INLINE_PASS_COST[d_state]). (1, seqlen) when
-    none leaves every segment at least MIN_SEGMENT tokens."""
-    c = INLINE_PASS_COST[d_state]
+    (segments - 1) · segment_len + L - (segments - 1) · segment_len (c = INLINE_PASS_COST[d_state, gated]).
+    (1, seqlen) when none leaves every segment at least MIN_SEGMENT tokens."""
+    c = INLINE_PASS_COST[d_state, gated]
     best_cost, best = float(seqlen), (1, seqlen)
     for candidate in range(2, SMS // max(pairs, 1) + 1):
         if not paired_pays(pairs * candidate):
@@ -264,8 +266,10 @@ class SsdForwardPlan(CompositePlan):
         segments, _ = plan_handover(batch, seqlen, nheads, headdim, B.shape[3])
         if segments > 1:
             return sum(_handover_bytes(batch, segments, nheads, headdim, B.shape[3]))
-        if _inline_plan(batch, seqlen, nheads, headdim, B.shape[3], nheads // B.shape[2], room=True)[0] > 1:
-            return 0  # (split in one launch: ssd_fwd_inline)
+        # (split in one launch, ssd_fwd_inline, with z or without: z is not among the arguments here)
+        if all(_inline_plan(batch, seqlen, nheads, headdim, B.shape[3], nheads // B.shape[2], gated, room=True)[0] > 1
+               for gated in (False, True)):
+            return 0
         segments, _ = plan_segments(batch, seqlen, nheads, headdim, B.shape[3])
         return (segments - 1) * _entering_state_bytes(batch, nheads, headdim, B.shape[3])
 
@@ -440,7 +444,8 @@ def split_call(call: BoundCall, workspace: DeviceArray | None) -> list[BoundCall
         align, most = BLOCK, 1 + capacity // _entering_state_bytes(batch, nheads, headdim, d_state)
     if not own_chunks:  # the segments in one launch with an inline pass, where they pair and that pays
         room = most > 1
-        inline_segments, inline_len = _inline_plan(batch, seqlen, nheads, headdim, d_state, p["heads_per_group"], room)
+        inline_segments, inline_len = _inline_plan(batch, seqlen, nheads, headdim, d_state, p["heads_per_group"],
+                                                   bool(p["has_z"]), room)
         if inline_segments > 1:
             # (the kernel ends its last segment at segment_len, not at L: the segments must cover the row)
             assert inline_segments * inline_len >= seqlen, (inline_segments, inline_len, seqlen)
@@ -466,7 +471,7 @@ def split_call(call: BoundCall, workspace: DeviceArray | None) -> list[BoundCall
 
 
 def _inline_plan(batch: int, seqlen: int, nheads: int, headdim: int, d_state: int, heads_per_group: int,
-                 room: bool) -> tuple[int, int]:
+                 gated: bool, room: bool) -> tuple[int, int]:
     """(segments, segment_len) of a call (no packed sequences, no chunk_states) that the states-only split would
     split, run instead as one ssd_fwd_inline launch (:func:`plan_inline`): when its segments pair, and either its
     workspace has no ``room`` for an entering state or the states-only pass would walk at most INLINE_PASS_MAX
@@ -476,7 +481,7 @@ def _inline_plan(batch: int, seqlen: int, nheads: int, headdim: int, d_state: in
         return 1, seqlen
     if room and (segments - 1) * segment_len > INLINE_PASS_MAX:
         return 1, seqlen
-    return plan_inline(_ctas(batch, nheads, headdim) // 2, seqlen, d_state)
+    return plan_inline(_ctas(batch, nheads, headdim) // 2, seqlen, d_state, gated)
 
 
 def _pairable(d_state: int, heads_per_group: int) -> bool:
@@ -492,10 +497,10 @@ def paired_pays(pairs: int) -> bool:
 
 
 def with_family_constants(family: str, launch: BoundCall) -> tuple[str, BoundCall]:
-    """(family, launch) with the constants of the family's variant: ssd_fwd_paired's ``z_gate``, False for a launch
-    without z at N 128 (that variant has no z slots, and its B, C and x have rings of three instead of two), else
-    True."""
-    if family != PAIRED_FAMILY:
+    """(family, launch) with the constants of the family's variant: ssd_fwd_paired's and ssd_fwd_inline's ``z_gate``,
+    False for a launch without z at N 128 (that variant has no z slots, and its B, C and x have rings of three instead
+    of two), else True."""
+    if family not in (PAIRED_FAMILY, INLINE_FAMILY):
         return family, launch
     z_gate = bool(launch.params["has_z"]) or launch.constants["d_state"] != 128
     return family, launch._replace(constants={**launch.constants, "z_gate": z_gate})
