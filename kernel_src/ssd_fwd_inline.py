@@ -23,3 +23,4 @@ from kernel_src.ssd_fwd_paired import SsdForwardPaired
 class SsdForwardInline(SsdForwardPaired):
     family = "ssd_fwd_inline"
     inline_pass = True
+    z_gates = (True, False)  # (without z at N 128: rings of three, the writers two blocks ahead)

@@ -20,9 +20,9 @@ warpgroups, one per SM, walking heads 2y and 2y + 1 of one group (grid y; the CT
   head's staged y to ``out``.
 
 Tiles sit in rings (slot k mod ring for block k, blocks counted from the walk's first): B, C, x and z are loaded two
-blocks ahead at N 64 (rings of three) and one ahead at N 128 (two: three slots would not fit), but in the N 128
-variants without z (``z_gate`` False, which the runtime picks for calls without z), whose B, C and x have the z slots'
-room for rings of three; Δ and the cumsums one block ahead in three slots. Hand-offs are named barriers
+blocks ahead at N 64 (rings of three) and one ahead at N 128 (two: three slots would not fit), but in ssd_fwd_inline's
+N 128 variants without z (``z_gate`` False, which the runtime picks for calls without z), whose B, C and x have the z
+slots' room for rings of three; Δ and the cumsums one block ahead in three slots. Hand-offs are named barriers
 (``ssd_tiles.role_sync`` / ``role_arrive``):
 
 - TR + k mod 3, per head: block k's tiles and scan are in shared memory (loaders and writers arrive, the head's
@@ -90,7 +90,10 @@ def head_barrier(w, which):
 class SsdForwardPaired(SsdForward):
     family = "ssd_fwd_paired"
     d_states = (64, 128)   # (N 256 is never paired: the plan keeps it on ssd_fwd)
-    z_gates = (True, False)
+    # Without z at N 128 (``z_gate`` False, rings of three) only with an inline pass (ssd_fwd_inline): this family's
+    # cubin of it, 2.6 % faster at 2.7B on an H100, is not reproducible (ptxas 13.0 numbers its registers in one of two
+    # ways from the same PTX, run to run; docs/PERF_NOTES.md, forty-fifth session), the inline pass's is
+    z_gates = (True,)
 
     def __init__(self, headdim: int, d_state: int, io_dtype: str, state_dtype: str, z_gate: bool = True):
         super().__init__(headdim, d_state, io_dtype, state_dtype)
@@ -177,8 +180,8 @@ class SsdForwardPaired(SsdForward):
     def ring(self):
         """B, C, x and z slots per ring: loaded two blocks ahead where shared memory allows (N 64, or N 128 without
         :attr:`z_gate`, whose 32 KB of z slots then hold the third slots of B, C and x), else one. At N 128 without
-        z, rings of three took 2.6 % off the Mamba-2 2.7B call on an H100 (docs/PERF_NOTES.md, forty-fifth
-        session)."""
+        z, rings of three took 2.8 % off B2 L2048 H64 without z in ssd_fwd_inline on an H100 (docs/PERF_NOTES.md,
+        forty-fifth session)."""
         return 3 if self.d_state == 64 or not self.z_gate else 2
 
     def _paired_storage(self, io_type):

@@ -56,15 +56,14 @@ def paired_variants(monkeypatch):
 @pytest.mark.parametrize("packing", [None, "cu_seqlens"])
 def test_outputs_are_the_walks_bitwise(constants, packing, paired_launches, paired_variants, monkeypatch):
     """One call through the paired kernel, then through the walk: the same bits in out, the final states and the chunk
-    states (D per (H, P), z but in the variants without z slots, dt_bias, dt_limit, initial states in the variant's
-    state dtype, L not a multiple of 64; with cu_seqlens, sequences that start inside blocks and an empty one)."""
+    states (D per (H, P), z, dt_bias, dt_limit, initial states in the variant's state dtype, L not a multiple of 64;
+    with cu_seqlens, sequences that start inside blocks and an empty one)."""
     P, N, io, state = constants["headdim"], constants["d_state"], constants["io_dtype"], constants["state_dtype"]
-    z = constants["z_gate"]
     if packing is None:
-        inputs = generators.standard_inputs(3, 200, 8, P, N, 2, TORCH_DTYPES[io], seed=P + N, D="HP", z=z,
+        inputs = generators.standard_inputs(3, 200, 8, P, N, 2, TORCH_DTYPES[io], seed=P + N, D="HP", z=True,
                                             initial_states=True)
     else:
-        inputs = generators.packed_inputs(8, P, N, 2, TORCH_DTYPES[io], seed=N, chunk_size=64, z=z,
+        inputs = generators.packed_inputs(8, P, N, 2, TORCH_DTYPES[io], seed=N, chunk_size=64, z=True,
                                           lengths=[70, 0, 130, 5])
         inputs.pop("seq_idx")
     inputs = _to_cuda(inputs)
@@ -77,12 +76,12 @@ def test_outputs_are_the_walks_bitwise(constants, packing, paired_launches, pair
                          ids=lambda c: "-".join(f"{k}{v}" for k, v in sorted(c.items())))
 def test_handover_calls_are_the_walks_bitwise(constants, paired_launches, paired_variants, monkeypatch):
     """A call whose segments hand their states over in one launch (flags in the workspace), through the paired kernel
-    (with z but in the variants without z slots) and through the walk: the same bits in out and the final states."""
+    and through the walk: the same bits in out and the final states."""
     from mamba2_aot.plans import ssd_fwd
     P, N, io, state = constants["headdim"], constants["d_state"], constants["io_dtype"], constants["state_dtype"]
     assert ssd_fwd.plan_handover(3, 600, 90, P, N)[0] > 1
-    inputs = _to_cuda(generators.standard_inputs(3, 600, 90, P, N, 1, TORCH_DTYPES[io], seed=P + N, D="H",
-                                                 z=constants["z_gate"], initial_states=True))
+    inputs = _to_cuda(generators.standard_inputs(3, 600, 90, P, N, 1, TORCH_DTYPES[io], seed=P + N, D="H", z=True,
+                                                 initial_states=True))
     _expect_the_walks_bits(inputs, paired_launches, monkeypatch, final=True, state_dtype=TORCH_DTYPES[state],
                            workspace=True)
     assert paired_variants == [constants]
@@ -94,7 +93,7 @@ def test_inline_pass_calls_are_the_two_launch_splits_bitwise(constants, paired_l
     """A split call without a workspace, in one ssd_fwd_inline launch (four segments, each after the first
     walking the state alone over the ones before it, the last short and ending inside a block), against the same call
     with a workspace, split in two launches (its pass of 2304 tokens is too long for an inline pass: the states-only
-    pass, then the segments on the paired kernel; both with z but in the variants without z slots): the same bits in
+    pass, then the segments on the paired kernel; with z but in the inline variants without z slots): the same bits in
     out and the final states."""
     from mamba2_aot.plans import ssd_fwd
     P, N, io, state = constants["headdim"], constants["d_state"], constants["io_dtype"], constants["state_dtype"]
@@ -106,7 +105,8 @@ def test_inline_pass_calls_are_the_two_launch_splits_bitwise(constants, paired_l
     assert paired_launches == ["ssd_fwd_inline"]
     split = _run(inputs, workspace=True, **kw)
     assert paired_launches[1:] == ["ssd_fwd_pass", "ssd_fwd_paired"]
-    assert paired_variants == [constants, constants]  # (the inline launch, then the split's paired segments)
+    paired = {k: v for k, v in constants.items() if k != "z_gate"}
+    assert paired_variants == [constants, paired]  # (the inline launch, then the split's paired segments)
     for name, value in split.items():
         assert torch.isfinite(value.float()).all(), name
         assert torch.equal(inline[name], value), name

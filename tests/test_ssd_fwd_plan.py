@@ -352,18 +352,18 @@ def test_launches_go_to_the_paired_kernel_by_their_pairs():
     assert families(**long_args(batch=4, heads=100, workspace=None)) == ["ssd_fwd_paired"]
 
 
-def test_paired_launches_without_z_at_n128_take_the_variant_without_z_slots():
-    """ssd_fwd_paired's (and ssd_fwd_inline's) ``z_gate`` constant: False for a launch without z at N 128 (rings of
-    three), True with z and at N 64; the other families have no such constant."""
-    def paired_z_gates(d_state, **over):
-        args = long_args(batch=8, heads=80, d_state=d_state, **over)
-        return [call.constants.get("z_gate") for family, call in launches(**args) if family == "ssd_fwd_paired"]
-    assert paired_z_gates(128) == [False]
-    assert paired_z_gates(128, z=fake_array(1 << 41, (8, 4096, 80, P), "fp16")) == [True]
-    assert paired_z_gates(64) == [True]
-    for args in (long_args(heads=128, seqlen=8192), long_args(batch=2, heads=64, seqlen=2048)):
-        for family, call in launches(**args):  # (the pass and paired segments; one inline launch)
-            assert call.constants.get("z_gate") == (None if family == "ssd_fwd_pass" else False)
+def test_inline_launches_without_z_at_n128_take_the_variant_without_z_slots():
+    """ssd_fwd_inline's ``z_gate`` constant: False for a launch without z at N 128 (rings of three), True with z and at
+    N 64; the other families have no such constant."""
+    def inline_z_gates(d_state, **over):
+        args = long_args(batch=2, heads=64, seqlen=2048, d_state=d_state, **over)
+        return [call.constants.get("z_gate") for family, call in launches(**args) if family == "ssd_fwd_inline"]
+    assert inline_z_gates(128) == [False]
+    assert inline_z_gates(128, z=fake_array(1 << 41, (2, 2048, 64, P), "fp16")) == [True]
+    assert inline_z_gates(64) == [True]
+    for args in (long_args(heads=128, seqlen=8192), long_args(batch=8, heads=80)):
+        for family, call in launches(**args):  # (the pass and paired segments; the paired handover)
+            assert family != "ssd_fwd_inline" and "z_gate" not in call.constants
 
 
 def test_a_states_only_splits_pass_runs_on_its_own_kernel_and_its_segments_pair():

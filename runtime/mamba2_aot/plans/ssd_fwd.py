@@ -90,8 +90,8 @@ the pass with its tiles loaded three blocks ahead); a split with an inline pass 
 (``kernel_src/ssd_fwd_inline.py``); else ``ssd_fwd_paired`` (``kernel_src/ssd_fwd_paired.py``: on sm_90a
 one CTA per SM walks two heads with warp-specialized warpgroups; on sm_100a its cubin is the walk) when the launch has
 d_state <= 128, no ``seq_idx``, an even number of heads per group and its walk's CTAs (two per pair of heads) would
-not fit one per SM (:func:`paired_pays`); else ``ssd_fwd``'s walk. ssd_fwd_paired and ssd_fwd_inline run a launch
-without z at N 128 on their variant without z slots (:func:`with_family_constants`). All four compute the same values
+not fit one per SM (:func:`paired_pays`); else ``ssd_fwd``'s walk. ssd_fwd_inline runs a launch without z at N 128 on
+its variant without z slots (:func:`with_family_constants`). All four compute the same values
 in the same order: the outputs are the same bits whichever runs for finite inputs (without D the walk adds 0 · x, the paired kernel
 nothing: an infinite x gives NaN in the walk's out only).
 """
@@ -497,10 +497,10 @@ def paired_pays(pairs: int) -> bool:
 
 
 def with_family_constants(family: str, launch: BoundCall) -> tuple[str, BoundCall]:
-    """(family, launch) with the constants of the family's variant: ssd_fwd_paired's and ssd_fwd_inline's ``z_gate``,
-    False for a launch without z at N 128 (that variant has no z slots, and its B, C and x have rings of three instead
-    of two), else True."""
-    if family not in (PAIRED_FAMILY, INLINE_FAMILY):
+    """(family, launch) with the constants of the family's variant: ssd_fwd_inline's ``z_gate``, False for a launch
+    without z at N 128 (that variant has no z slots, and its B, C and x have rings of three instead of two), else
+    True."""
+    if family != INLINE_FAMILY:
         return family, launch
     z_gate = bool(launch.params["has_z"]) or launch.constants["d_state"] != 128
     return family, launch._replace(constants={**launch.constants, "z_gate": z_gate})
