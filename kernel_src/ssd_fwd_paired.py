@@ -92,7 +92,7 @@ class SsdForwardPaired(SsdForward):
     d_states = (64, 128)   # (N 256 is never paired: the plan keeps it on ssd_fwd)
     # Without z at N 128 (``z_gate`` False, rings of three) only with an inline pass (ssd_fwd_inline): this family's
     # cubin of it, 2.6 % faster at 2.7B on an H100, is not reproducible (ptxas 13.0 numbers its registers in one of two
-    # ways from the same PTX, run to run; docs/PERF_NOTES.md, forty-fifth session), the inline pass's is
+    # ways from the same PTX, run to run; docs/PERF_NOTES.md, forty-fifth session); the inline pass's cubin is
     z_gates = (True,)
 
     def __init__(self, headdim: int, d_state: int, io_dtype: str, state_dtype: str, z_gate: bool = True):
@@ -120,9 +120,9 @@ class SsdForwardPaired(SsdForward):
 
     @property
     def writers_two_ahead(self) -> bool:
-        """Whether the writers keep two blocks' x in flight: an inline pass's, on rings of three (N 64). Each
-        iteration issues block k + 2's x, then publishes block k + 1 once every copy but that newest one has
-        landed. Publishing block k + 1 first would wait for every copy and leave one block's x in flight at a time:
+        """Whether the writers keep two blocks' x in flight: an inline pass's, on rings of three (N 64, and N 128
+        without z: ``z_gate`` False). Each iteration issues block k + 2's x, then publishes block k + 1 once every
+        copy but that newest one has landed. Publishing block k + 1 first would wait for every copy and leave one block's x in flight at a time:
         a block with outputs hides that load, but an inline pass's blocks of the state alone waited for it (ncu,
         thirty-seventh session), and B2 N64 took 5.8 % longer (docs/PERF_NOTES.md, thirty-eighth session)."""
         return self.inline_pass and self.ring == 3

@@ -87,19 +87,21 @@ def test_handover_calls_are_the_walks_bitwise(constants, paired_launches, paired
     assert paired_variants == [constants]
 
 
-@pytest.mark.parametrize("constants", built_constants("ssd_fwd_inline"),
-                         ids=lambda c: "-".join(f"{k}{v}" for k, v in sorted(c.items())))
-def test_inline_pass_calls_are_the_two_launch_splits_bitwise(constants, paired_launches, paired_variants):
+@pytest.mark.parametrize("constants, z", [(c, z) for c in built_constants("ssd_fwd_inline") for z in (True, False)
+                                           if c["d_state"] != 128 or c.get("z_gate", True) == z],  # (the plan's routes)
+                         ids=lambda c: "-".join(f"{k}{v}" for k, v in sorted(c.items())) if isinstance(c, dict)
+                         else f"z{c}")
+def test_inline_pass_calls_are_the_two_launch_splits_bitwise(constants, z, paired_launches, paired_variants):
     """A split call without a workspace, in one ssd_fwd_inline launch (four segments, each after the first
     walking the state alone over the ones before it, the last short and ending inside a block), against the same call
     with a workspace, split in two launches (its pass of 2304 tokens is too long for an inline pass: the states-only
-    pass, then the segments on the paired kernel; with z but in the inline variants without z slots): the same bits in
-    out and the final states."""
+    pass, then the segments on the paired kernel), with z and without (at N 128 on the inline variants without z
+    slots): the same bits in out and the final states."""
     from mamba2_aot.plans import ssd_fwd
     P, N, io, state = constants["headdim"], constants["d_state"], constants["io_dtype"], constants["state_dtype"]
-    inputs = _to_cuda(generators.standard_inputs(1, 2600, 8, P, N, 2, TORCH_DTYPES[io], seed=P + N, D="HP",
-                                                 z=constants["z_gate"], initial_states=True))
-    assert ssd_fwd.plan_inline(8 * P // 128, 2600, N, constants["z_gate"])[0] >= 4
+    inputs = _to_cuda(generators.standard_inputs(1, 2600, 8, P, N, 2, TORCH_DTYPES[io], seed=P + N, D="HP", z=z,
+                                                 initial_states=True))
+    assert ssd_fwd.plan_inline(8 * P // 128, 2600, N, z)[0] >= 4
     kw = dict(final=True, state_dtype=TORCH_DTYPES[state], dt_limit=(1e-3, 0.2))
     inline = _run(inputs, **kw)
     assert paired_launches == ["ssd_fwd_inline"]
