@@ -17,10 +17,25 @@ which is this class with ``inline_pass`` off. On sm_100a, which has no wgmma, th
 switch: a segment walks from its row's start with outputs, none stored before its start (correct, but no faster than
 the unsplit walk, where the two launches were faster for short passes: estimated, unvalidated there).
 """
+from kernel_src.families import expect_constants
 from kernel_src.ssd_fwd_paired import SsdForwardPaired
 
 
 class SsdForwardInline(SsdForwardPaired):
     family = "ssd_fwd_inline"
     inline_pass = True
-    z_gates = (True, False)  # (without z at N 128: rings of three, the writers two blocks ahead)
+    z_gates = (True, False)
+
+    def __init__(self, headdim: int, d_state: int, io_dtype: str, state_dtype: str, z_gate: bool = True):
+        """``z_gate`` False: the N 128 variant for calls without z (no z slots, so B, C and x on rings of three and the
+        writers two blocks ahead)."""
+        super().__init__(headdim, d_state, io_dtype, state_dtype)
+        expect_constants(self, d_state=d_state, z_gate=z_gate)
+        self.z_gate = z_gate
+
+    @staticmethod
+    def combination_error(d_state: int, z_gate: bool = True, **_) -> str | None:
+        """Variants without z (``z_gate`` False) exist at N 128 only: at N 64 the z slots fit beside rings of three."""
+        if not z_gate and d_state != 128:
+            return f"z_gate False is an N 128 variant (d_state {d_state} has rings of three with z)"
+        return None

@@ -57,7 +57,6 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from kernel_src.abi import bind, cutlass_dtype
-from kernel_src.families import expect_constants
 from kernel_src.ssd_fwd import LOG2_E, P_TILE, SsdForward
 from kernel_src.ssd_tiles import (CHUNK, SMEM_ALIGN, TILE, async_tile_copy, buffer, fence_operands, load_tile, make_mma,
                                   matrix_store, mn_view, role_arrive, role_sync, scan_slot, smem_layout, store_matrices,
@@ -90,22 +89,10 @@ def head_barrier(w, which):
 class SsdForwardPaired(SsdForward):
     family = "ssd_fwd_paired"
     d_states = (64, 128)   # (N 256 is never paired: the plan keeps it on ssd_fwd)
-    # Without z at N 128 (``z_gate`` False, rings of three) only with an inline pass (ssd_fwd_inline): this family's
-    # cubin of it, 2.6 % faster at 2.7B on an H100, is not reproducible (ptxas 13.0 numbers its registers in one of two
-    # ways from the same PTX, run to run; docs/PERF_NOTES.md, forty-fifth session); the inline pass's cubin is
-    z_gates = (True,)
-
-    def __init__(self, headdim: int, d_state: int, io_dtype: str, state_dtype: str, z_gate: bool = True):
-        super().__init__(headdim, d_state, io_dtype, state_dtype)
-        expect_constants(self, d_state=d_state, z_gate=z_gate)
-        self.z_gate = z_gate
-
-    @staticmethod
-    def combination_error(d_state: int, z_gate: bool = True, **_) -> str | None:
-        """Variants without z (``z_gate`` False) exist at N 128 only: at N 64 the z slots fit beside rings of three."""
-        if not z_gate and d_state != 128:
-            return f"z_gate False is an N 128 variant (d_state {d_state} has rings of three with z)"
-        return None
+    # Whether the CTA gates y by z (z slots in shared memory). Always here: ssd_fwd_inline's variants without z set
+    # it off. This family's cubin without z, 2.6 % faster at 2.7B on an H100, is not reproducible (ptxas 13.0 numbers
+    # its registers in one of two ways from the same PTX, run to run; docs/PERF_NOTES.md, forty-fifth session)
+    z_gate = True
 
     @property
     def z_with_y_free(self) -> bool:
