@@ -109,16 +109,17 @@ class SsdForwardPaired(SsdForward):
     def writers_two_ahead(self) -> bool:
         """Whether the writers keep two blocks' x in flight: an inline pass's, on rings of three (N 64, and N 128
         without z: ``z_gate`` False). Each iteration issues block k + 2's x, then publishes block k + 1 once every
-        copy but that newest one has landed. Publishing block k + 1 first would wait for every copy and leave one block's x in flight at a time:
-        a block with outputs hides that load, but an inline pass's blocks of the state alone waited for it (ncu,
-        thirty-seventh session), and B2 N64 took 5.8 % longer (docs/PERF_NOTES.md, thirty-eighth session)."""
+        copy but that newest one has landed. Publishing block k + 1 first would wait for every copy and leave one
+        block's x in flight at a time: a block with outputs hides that load, but an inline pass's blocks of the state
+        alone waited for it (ncu, thirty-seventh session), and B2 N64 took 5.8 % longer (docs/PERF_NOTES.md,
+        thirty-eighth session)."""
         return self.inline_pass and self.ring == 3
 
     @property
     def product_registers(self):
-        """Each product thread's setmaxnreg share: by d_state, but 224 for an inline pass on rings of three at N 128
-        (without z), whose products spill 16 B at 216 (the helper's 56 then suffice)."""
-        if self.writers_two_ahead and self.d_state == 128:
+        """Each product thread's setmaxnreg share: by d_state, but 224 without :attr:`z_gate` (ssd_fwd_inline at N 128,
+        on rings of three), whose products spill 16 B at 216 (the helper's 56 then suffice)."""
+        if not self.z_gate:
             return 224
         return PRODUCT_REGISTERS[self.d_state]
 

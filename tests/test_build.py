@@ -300,8 +300,7 @@ def test_incremental_rebuild(two_clean_builds):
 def test_every_ssd_fwd_variant_the_plan_may_send_to_a_step_is_built_there(config, step):
     """ssd_fwd's plan may send any of its launches up to N 128 to ssd_fwd_paired, any split call's states-only pass
     to ssd_fwd_pass, and a split call up to N 128 in one launch to ssd_fwd_inline, with the same constants (and
-    ssd_fwd_inline's ``z_gate``: True, and at N 128 False too,
-    ``plans.ssd_fwd.with_family_constants``): each config
+    ssd_fwd_inline's ``z_gate``: True, and at N 128 False too, ``plans.ssd_fwd.with_family_constants``): each config
     builds those families for exactly ssd_fwd's variants they can run (the family's d_states)."""
     matrix = tomllib.loads((ROOT / "build_configs" / f"{config}.toml").read_text())
     variants = families.expand(matrix)

@@ -91,9 +91,9 @@ the pass with its tiles loaded three blocks ahead); a split with an inline pass 
 one CTA per SM walks two heads with warp-specialized warpgroups; on sm_100a its cubin is the walk) when the launch has
 d_state <= 128, no ``seq_idx``, an even number of heads per group and its walk's CTAs (two per pair of heads) would
 not fit one per SM (:func:`paired_pays`); else ``ssd_fwd``'s walk. ssd_fwd_inline runs a launch without z at N 128 on
-its variant without z slots (:func:`with_family_constants`). All four compute the same values
-in the same order: the outputs are the same bits whichever runs for finite inputs (without D the walk adds 0 · x, the paired kernel
-nothing: an infinite x gives NaN in the walk's out only).
+its variant without z slots (:func:`with_family_constants`). All four compute the same values in the same order: the
+outputs are the same bits whichever runs for finite inputs (without D the walk adds 0 · x, the paired kernel nothing:
+an infinite x gives NaN in the walk's out only).
 """
 from __future__ import annotations
 
@@ -182,11 +182,10 @@ def plan_inline(pairs: int, seqlen: int, d_state: int, gated: bool) -> tuple[int
     """(segments, segment_len) of a split call (with z: ``gated``) run as one ssd_fwd_inline launch of ``pairs`` CTAs
     (two heads each) per segment: segment s > 0 walks the state alone over the s · segment_len tokens before it (each
     such block at INLINE_PASS_COST[d_state, gated] of a block with outputs), the last segment runs to L, so the first
-    segments are longer
-    than the last. Candidates: the segment counts whose CTAs fit one per SM and pair (:func:`paired_pays`); their
-    segment_len equalises the first segments' time, (1 + c·(segments - 2)) · segment_len, with the last's, c ·
-    (segments - 1) · segment_len + L - (segments - 1) · segment_len (c = INLINE_PASS_COST[d_state, gated]).
-    (1, seqlen) when none leaves every segment at least MIN_SEGMENT tokens."""
+    segments are longer than the last. Candidates: the segment counts whose CTAs fit one per SM and pair
+    (:func:`paired_pays`); their segment_len equalises the first segments' time, (1 + c·(segments - 2)) · segment_len,
+    with the last's, c · (segments - 1) · segment_len + L - (segments - 1) · segment_len (c = INLINE_PASS_COST[d_state,
+    gated]). (1, seqlen) when none leaves every segment at least MIN_SEGMENT tokens."""
     c = INLINE_PASS_COST[d_state, gated]
     best_cost, best = float(seqlen), (1, seqlen)
     for candidate in range(2, SMS // max(pairs, 1) + 1):
