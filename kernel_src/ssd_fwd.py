@@ -282,7 +282,7 @@ class SsdForward:
         blk_first, blk_end = self._blocks(first, end)
 
         acc_h = cute.make_rmem_tensor(mma.thr.partition_shape_C((P_TILE, N)), Float32)
-        if self._from_row_start(segment):
+        if self._from_row_start(a, segment):
             self._begin_sequence(a, states, mma, acc_h, sH, seq, h, p0, io_type)
         else:  # the state entering the segment: the chunk state before start, as the states-only pass or the
             # segment before this one left it
@@ -348,19 +348,24 @@ class SsdForward:
     @cute.jit
     def _walk_tokens(self, a, source, segment):
         """(row, first, start, end): the CTA's outputs' tokens [start, end) (:meth:`_tokens`) and the token its walk
-        begins at: start, or with an inline pass the row's start. (The plan's segments cover the row, segments ·
-        segment_len >= L, so with an inline pass too the last segment, clamped at segment_len, ends at the row's
-        end: ``split_call`` asserts it.)"""
+        begins at: start, or with an inline pass (:meth:`_from_row_start`) the row's start. (The plan's segments cover
+        the row, segments · segment_len >= L, so with an inline pass too the last segment, clamped at segment_len, ends
+        at the row's end: ``split_call`` asserts it.)"""
         row, start, end = self._tokens(a, source, segment)
         first = start
         if cutlass.const_expr(self.inline_pass):
-            _, first, _ = source_tokens(a, source, a.seqlen)
+            if a.nchunks == 0:
+                _, first, _ = source_tokens(a, source, a.seqlen)
         return row, first, start, end
 
-    def _from_row_start(self, segment):
-        """Whether the CTA's walk begins at its row's start, from the sequence's initial state (the first segment; every
-        segment with an inline pass), rather than at its segment's, from the state entering it."""
-        return True if self.inline_pass else segment == 0
+    def _from_row_start(self, a, segment):
+        """Whether the CTA's walk begins at its row's start, from the sequence's initial state (the first segment; with
+        an inline pass, every segment of a launch with no chunk states, ``nchunks`` 0 as the plan binds an inline
+        split), rather than at its segment's, from the chunk state entering it (left by a states-only pass or the
+        segment before: the plan sends ssd_fwd_inline those launches too, without z at N 128)."""
+        if cutlass.const_expr(self.inline_pass):
+            return (segment == 0) | (a.nchunks == 0)
+        return segment == 0
 
     @cute.jit
     def _blocks(self, start, end):

@@ -10,7 +10,11 @@ last (``plan_inline``), and the last runs to the row's end. Blocks of the state 
 y: they skip the Y_FREE / Y_STAGED hand-offs with the writers (which tied each to the writers' previous iteration),
 and the writers learn from TILES_FREE, in which they take part, when the products are done with a block's x. The
 plan sends it the split calls without workspace room for the entering states, and those whose states-only pass would
-be short (its launch and its ring's fill then cost more than these blocks).
+be short (its launch and its ring's fill then cost more than these blocks); such a call is bound with ``nchunks`` 0.
+A launch with chunk states to enter from (``nchunks`` > 0: the segments after a states-only pass, a handover's) walks
+no prefix, as ssd_fwd_paired's do, nor does an unsplit one: the plan sends this family every launch of two heads per
+CTA but those with z at N 128, on which its CTA is 1-8 % faster than ssd_fwd_paired's (its loaders' order; without z at
+N 128 its variant without z slots; docs/PERF_NOTES.md, forty-sixth session).
 
 The parameters and the grid are ssd_fwd's; the math and the CTA are ssd_fwd_paired's (``kernel_src/ssd_fwd_paired.py``),
 which is this class with ``inline_pass`` off. On sm_100a, which has no wgmma, the cubin is ssd_fwd's walk with the same
@@ -23,6 +27,7 @@ from kernel_src.ssd_fwd_paired import SsdForwardPaired
 
 class SsdForwardInline(SsdForwardPaired):
     family = "ssd_fwd_inline"
+    d_states = (64, 128)
     inline_pass = True
     z_gates = (True, False)
 

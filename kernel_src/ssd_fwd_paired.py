@@ -1,9 +1,13 @@
-"""ssd_fwd_paired: ssd_fwd's walk for two heads at once, warp-specialized (sm_90a; N 64 and 128).
+"""ssd_fwd_paired: ssd_fwd's walk for two heads at once, warp-specialized (sm_90a; built at N 128, the class serves 64 too).
 
-The math, the parameters and the grid are ssd_fwd's (``kernel_src/ssd_fwd.py``): the runtime sends this family the
-launches it can run (see ``runtime/mamba2_aot/plans/ssd_fwd.py``: no packed ``seq_idx``, no states-only pass, an even
-number of heads per group, more than 66 pairs of heads: ``paired_pays``), and ssd_fwd the rest. On sm_90a a CTA is three
-warpgroups, one per SM, walking heads 2y and 2y + 1 of one group (grid y; the CTAs past H / 2 exit at once):
+The math, the parameters and the grid are ssd_fwd's (``kernel_src/ssd_fwd.py``): the runtime pairs the launches this
+CTA can run (see ``runtime/mamba2_aot/plans/ssd_fwd.py``: no packed ``seq_idx``, no states-only pass, an even number of
+heads per group, more than 66 pairs of heads: ``paired_pays``), and ssd_fwd runs the rest. Of the paired launches this
+family runs those with z at N 128; ssd_fwd_inline's cubins (this class with an inline pass, its prefix empty) run the
+others, 1-8 % faster: its loaders' order, and without z at N 128 rings of three. With z at N 128 this family's CTA is
+the faster by 1.5-2.5 % (its writers take no part in TILES_FREE), so it is built at N 128 only (docs/PERF_NOTES.md,
+forty-sixth session). On sm_90a a CTA is three warpgroups, one per SM, walking heads 2y and 2y + 1 of one group (grid
+y; the CTAs past H / 2 exit at once):
 
 - product warpgroups 0 and 1: the walk's products for one head each (C·Bᵀ, the weighted x, C·h₀ᵀ, the mask, S·x from
   registers, the h update), then y += D ⊙ x in fp32 from the x tile and y ·= silu(z) from the z tile (the same
@@ -88,10 +92,12 @@ def head_barrier(w, which):
 
 class SsdForwardPaired(SsdForward):
     family = "ssd_fwd_paired"
-    d_states = (64, 128)   # (N 256 is never paired: the plan keeps it on ssd_fwd)
+    # (N 64: ssd_fwd_inline's cubins run those launches; N 256 is never paired: the plan keeps it on ssd_fwd)
+    d_states = (128,)
     # Whether the CTA gates y by z (z slots in shared memory). Always here: ssd_fwd_inline's variants without z set
-    # it off. This family's cubin without z, 2.6 % faster at 2.7B on an H100, is not reproducible (ptxas 13.0 numbers
-    # its registers in one of two ways from the same PTX, run to run; docs/PERF_NOTES.md, forty-fifth session)
+    # it off, and run this family's launches without z. This family's own cubin without z is not reproducible (ptxas
+    # 13.0 numbers its registers in one of two ways from the same PTX, run to run; docs/PERF_NOTES.md, forty-fifth
+    # session)
     z_gate = True
 
     @property
@@ -251,7 +257,7 @@ class SsdForwardPaired(SsdForward):
         acc_h = cute.make_rmem_tensor(mma.thr.partition_shape_C((P_TILE, N)), Float32)
         staging = (matrix_store(mma, buffer(storage.y, w, P_TILE), io_type), matrix_store(mma, sH, io_type))  # y, h₀
         walk_barrier = head_barrier(w, WALK)
-        if self._from_row_start(segment):
+        if self._from_row_start(a, segment):
             self._begin_sequence(a, states, mma, acc_h, sH, seq, h, p0, io_type)
         else:  # the chunk state before start, as the states-only pass or the segment before this one left it
             if a.has_segment_flags != 0:  # (ssd_fwd's _await_flag on the warpgroup's barrier)

@@ -70,8 +70,9 @@ def forward(N):
     runtime.launch("ssd_fwd", out=torch.empty_like(xs), final_states=torch.empty(1, H, P, N, device=dev),
                    chunk_states=torch.empty(1, 3, H, P, N, device=dev), **prefill)
     # splits along L (a states-only pass of 960 tokens: one launch with an inline pass where the heads pair, else two
-    # launches, and without a workspace unsplit; of 2880: two launches), the handover; then each without z (the first
-    # on ssd_fwd_inline's variants without z slots at N 128)
+    # launches, and without a workspace unsplit; of 2880: two launches), the handover; then each without z (at N 128
+    # on ssd_fwd_inline's variants without z slots wherever the heads pair: the inline pass, the segments after a
+    # states-only pass, the handover, the unsplit call)
     for heads, length, gated in ((2, 1100, True), (2, 3000, True), (270, 512, True), (2, 1100, False),
                                  (2, 3000, False), (270, 512, False)):
         call = dict(x=torch.randn(1, length, heads, P, device=dev).bfloat16(),

@@ -298,10 +298,11 @@ def test_incremental_rebuild(two_clean_builds):
 @pytest.mark.parametrize("config", ["ci", "full"])
 @pytest.mark.parametrize("step", ["ssd_fwd_paired", "ssd_fwd_pass", "ssd_fwd_inline"])
 def test_every_ssd_fwd_variant_the_plan_may_send_to_a_step_is_built_there(config, step):
-    """ssd_fwd's plan may send any of its launches up to N 128 to ssd_fwd_paired, any split call's states-only pass
-    to ssd_fwd_pass, and a split call up to N 128 in one launch to ssd_fwd_inline, with the same constants (and
-    ssd_fwd_inline's ``z_gate``: True, and at N 128 False too, ``plans.ssd_fwd.with_family_constants``): each config
-    builds those families for exactly ssd_fwd's variants they can run (the family's d_states)."""
+    """ssd_fwd's plan may send any of its launches at N 128 to ssd_fwd_paired, any split call's states-only pass to
+    ssd_fwd_pass, and any launch up to N 128 to ssd_fwd_inline (a split call in one launch, or a launch of two heads
+    per CTA), with the same constants (and ssd_fwd_inline's ``z_gate``: True, and at N 128 False too,
+    ``plans.ssd_fwd.with_family_constants``): each config builds those families for exactly ssd_fwd's variants they
+    can run (the family's d_states)."""
     matrix = tomllib.loads((ROOT / "build_configs" / f"{config}.toml").read_text())
     variants = families.expand(matrix)
     runnable = families.kernel_class(step).d_states

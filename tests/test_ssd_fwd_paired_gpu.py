@@ -1,6 +1,6 @@
-"""ssd_fwd_paired on the GPU: every ssd_fwd GPU test again, with every launch the paired kernel can run sent to it
-whatever its CTA count (the tests' calls are small: the plan would keep most on the walk), and its outputs bitwise the
-walk's for every built variant.
+"""Two heads per CTA on the GPU: every ssd_fwd GPU test again, with every launch a CTA of two heads can run sent to one
+whatever its CTA count (the tests' calls are small: the plan would keep most on the walk), on ssd_fwd_paired with z at
+N 128, else on ssd_fwd_inline's cubins, and its outputs bitwise the walk's for every built variant.
 
 Needs a CUDA device and the ssd_fwd and ssd_fwd_paired cubins (``scons`` output or installed wheels); see
 tests/conftest.py.
@@ -19,7 +19,8 @@ from test_ssd_fwd_gpu import TORCH_DTYPES, _run, _to_cuda  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def paired_launches(monkeypatch):
-    """Send every launch ssd_fwd_paired can run to it; yields the families the plan picked, launch by launch."""
+    """Send every launch a CTA of two heads can run to one (``paired_pays`` always); yields the families the plan
+    picked, launch by launch."""
     from mamba2_aot import dispatch
     from mamba2_aot.plans import ssd_fwd
     picked = []
@@ -51,38 +52,60 @@ def paired_variants(monkeypatch):
     return constants
 
 
-@pytest.mark.parametrize("constants", built_constants("ssd_fwd_paired"),
-                         ids=lambda c: "-".join(f"{k}{v}" for k, v in sorted(c.items())))
+def paired_routes():
+    """(z, family, variant constants) of every launch of two heads per CTA the plan makes for the built variants:
+    with z at N 128 on ssd_fwd_paired, the others on ssd_fwd_inline's cubins, without z at N 128 its variant without z
+    slots (``plans.ssd_fwd.launch_family``, ``with_family_constants``)."""
+    paired = built_constants("ssd_fwd_paired")
+    routes = []
+    for c in built_constants("ssd_fwd_inline"):
+        gate, base = c.get("z_gate", True), {k: v for k, v in c.items() if k != "z_gate"}
+        if c["d_state"] != 128:
+            routes += [(True, "ssd_fwd_inline", c), (False, "ssd_fwd_inline", c)]
+        elif not gate:
+            routes.append((False, "ssd_fwd_inline", c))
+        elif base in paired:
+            routes.append((True, "ssd_fwd_paired", base))
+    return routes
+
+
+ROUTES = pytest.mark.parametrize("z, family, constants", paired_routes(),
+                                 ids=lambda v: "-".join(f"{k}{x}" for k, x in sorted(v.items()))
+                                 if isinstance(v, dict) else f"z{v}" if isinstance(v, bool) else v)
+
+
+@ROUTES
 @pytest.mark.parametrize("packing", [None, "cu_seqlens"])
-def test_outputs_are_the_walks_bitwise(constants, packing, paired_launches, paired_variants, monkeypatch):
-    """One call through the paired kernel, then through the walk: the same bits in out, the final states and the chunk
-    states (D per (H, P), z, dt_bias, dt_limit, initial states in the variant's state dtype, L not a multiple of 64;
-    with cu_seqlens, sequences that start inside blocks and an empty one)."""
+def test_outputs_are_the_walks_bitwise(z, family, constants, packing, paired_launches, paired_variants, monkeypatch):
+    """One call of two heads per CTA (ssd_fwd_paired with z at N 128, else ssd_fwd_inline's cubins), then through the
+    walk: the same bits in out, the final states and the chunk states (D per (H, P), dt_bias, dt_limit,
+    initial states in the variant's state dtype, L not a multiple of 64; with cu_seqlens, sequences that start inside
+    blocks and an empty one)."""
     P, N, io, state = constants["headdim"], constants["d_state"], constants["io_dtype"], constants["state_dtype"]
     if packing is None:
-        inputs = generators.standard_inputs(3, 200, 8, P, N, 2, TORCH_DTYPES[io], seed=P + N, D="HP", z=True,
+        inputs = generators.standard_inputs(3, 200, 8, P, N, 2, TORCH_DTYPES[io], seed=P + N, D="HP", z=z,
                                             initial_states=True)
     else:
-        inputs = generators.packed_inputs(8, P, N, 2, TORCH_DTYPES[io], seed=N, chunk_size=64, z=True,
+        inputs = generators.packed_inputs(8, P, N, 2, TORCH_DTYPES[io], seed=N, chunk_size=64, z=z,
                                           lengths=[70, 0, 130, 5])
         inputs.pop("seq_idx")
     inputs = _to_cuda(inputs)
-    _expect_the_walks_bits(inputs, paired_launches, monkeypatch, chunk_size=64, final=True, chunks=packing is None,
-                           state_dtype=TORCH_DTYPES[state], dt_limit=(1e-3, 0.2))
+    _expect_the_walks_bits(inputs, family, paired_launches, monkeypatch, chunk_size=64, final=True,
+                           chunks=packing is None, state_dtype=TORCH_DTYPES[state], dt_limit=(1e-3, 0.2))
     assert paired_variants == [constants]
 
 
-@pytest.mark.parametrize("constants", built_constants("ssd_fwd_paired"),
-                         ids=lambda c: "-".join(f"{k}{v}" for k, v in sorted(c.items())))
-def test_handover_calls_are_the_walks_bitwise(constants, paired_launches, paired_variants, monkeypatch):
-    """A call whose segments hand their states over in one launch (flags in the workspace), through the paired kernel
-    and through the walk: the same bits in out and the final states."""
+@ROUTES
+def test_handover_calls_are_the_walks_bitwise(z, family, constants, paired_launches, paired_variants, monkeypatch):
+    """A call whose segments hand their states over in one launch (flags in the workspace), two heads per CTA
+    (ssd_fwd_paired with z at N 128, else ssd_fwd_inline's cubins) and through the walk: the same bits in out and the
+    final states."""
     from mamba2_aot.plans import ssd_fwd
     P, N, io, state = constants["headdim"], constants["d_state"], constants["io_dtype"], constants["state_dtype"]
     assert ssd_fwd.plan_handover(3, 600, 90, P, N)[0] > 1
-    inputs = _to_cuda(generators.standard_inputs(3, 600, 90, P, N, 1, TORCH_DTYPES[io], seed=P + N, D="H", z=True,
+    inputs = _to_cuda(generators.standard_inputs(3, 600, 90, P, N, 1, TORCH_DTYPES[io], seed=P + N, D="H", z=z,
                                                  initial_states=True))
-    _expect_the_walks_bits(inputs, paired_launches, monkeypatch, final=True, state_dtype=TORCH_DTYPES[state],
+    _expect_the_walks_bits(inputs, family, paired_launches, monkeypatch, final=True, state_dtype=TORCH_DTYPES[state],
                            workspace=True)
     assert paired_variants == [constants]
 
@@ -95,8 +118,9 @@ def test_inline_pass_calls_are_the_two_launch_splits_bitwise(constants, z, paire
     """A split call without a workspace, in one ssd_fwd_inline launch (four segments, each after the first
     walking the state alone over the ones before it, the last short and ending inside a block), against the same call
     with a workspace, split in two launches (its pass of 2304 tokens is too long for an inline pass: the states-only
-    pass, then the segments on the paired kernel), with z and without (at N 128 on the inline variants without z
-    slots): the same bits in out and the final states."""
+    pass, then the segments, with z at N 128 on ssd_fwd_paired, else on the same ssd_fwd_inline variant entering from
+    the pass's states), with z and without (at N 128 on the inline variants without z slots): the same bits in out and
+    the final states."""
     from mamba2_aot.plans import ssd_fwd
     P, N, io, state = constants["headdim"], constants["d_state"], constants["io_dtype"], constants["state_dtype"]
     inputs = _to_cuda(generators.standard_inputs(1, 2600, 8, P, N, 2, TORCH_DTYPES[io], seed=P + N, D="HP", z=z,
@@ -106,19 +130,23 @@ def test_inline_pass_calls_are_the_two_launch_splits_bitwise(constants, z, paire
     inline = _run(inputs, **kw)
     assert paired_launches == ["ssd_fwd_inline"]
     split = _run(inputs, workspace=True, **kw)
-    assert paired_launches[1:] == ["ssd_fwd_pass", "ssd_fwd_paired"]
-    paired = {k: v for k, v in constants.items() if k != "z_gate"}
-    assert paired_variants == [constants, paired]  # (the inline launch, then the split's paired segments)
+    if N == 128 and z:
+        assert paired_launches[1:] == ["ssd_fwd_pass", "ssd_fwd_paired"]
+        paired = {k: v for k, v in constants.items() if k != "z_gate"}
+        assert paired_variants == [constants, paired]  # (the inline launch, then the split's paired segments)
+    else:  # (the segments enter from the pass's states on the same variant: its prefix is empty)
+        assert paired_launches[1:] == ["ssd_fwd_pass", "ssd_fwd_inline"]
+        assert paired_variants == [constants, constants]
     for name, value in split.items():
         assert torch.isfinite(value.float()).all(), name
         assert torch.equal(inline[name], value), name
 
 
-def _expect_the_walks_bits(inputs, paired_launches, monkeypatch, **kw):
-    """Run ``_run(inputs, **kw)`` (one launch) through the paired kernel, then through the walk: finite, same bits."""
+def _expect_the_walks_bits(inputs, family, paired_launches, monkeypatch, **kw):
+    """Run ``_run(inputs, **kw)`` (one launch) on ``family``'s kernel, then through the walk: finite, same bits."""
     from mamba2_aot.plans import ssd_fwd
     paired = _run(inputs, **kw)
-    assert paired_launches == ["ssd_fwd_paired"]
+    assert paired_launches == [family]
     monkeypatch.setattr(ssd_fwd, "paired_pays", lambda pairs: False)
     walk = _run(inputs, **kw)
     assert paired_launches[1:] == ["ssd_fwd"]

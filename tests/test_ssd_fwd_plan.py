@@ -110,14 +110,16 @@ def test_workspace_is_zero_when_the_call_fills_the_gpu():
     assert runtime.workspace_size("ssd_fwd", **ssd_args()) == 0  # 16 CTAs but L 300: too short to split
 
 
-def long_args(batch=1, seqlen=4096, heads=64, d_state=N, **over):
-    """A call with few CTAs (batch x heads) over a long L: split along L."""
+def long_args(batch=1, seqlen=4096, heads=64, d_state=N, gated=False, **over):
+    """A call with few CTAs (batch x heads) over a long L: split along L. With z when ``gated``."""
     base = iter(range(1 << 32, 1 << 40, 1 << 32))
     arr = lambda shape, dtype="fp16": fake_array(next(base), shape, dtype)  # noqa: E731
     args = dict(x=arr((batch, seqlen, heads, P)), dt=arr((batch, seqlen, heads)), A=arr((heads,), "fp32"),
                 B=arr((batch, seqlen, 1, d_state)), C=arr((batch, seqlen, 1, d_state)),
                 out=arr((batch, seqlen, heads, P)), final_states=arr((batch, heads, P, d_state), "fp32"),
                 workspace=arr((1 << 26,), "fp32"), chunk_size=256)
+    if gated:
+        args["z"] = arr((batch, seqlen, heads, P))
     args.update(over)
     return args
 
@@ -343,27 +345,39 @@ def test_the_paired_kernel_takes_launches_whose_walk_would_share_sms():
 def test_launches_go_to_the_paired_kernel_by_their_pairs():
     """The 2.7B shape's handover (320 pairs x 2 segments) and its unsplit call (320) pair, and so do 128 heads of two
     rows (128 pairs), 280 heads of one row (140) and 100 heads of 4 rows (200); 128 heads of one row (64), too short
-    to split, do not."""
-    assert families(**long_args(batch=8, heads=80)) == ["ssd_fwd_paired"]
-    assert families(**long_args(batch=8, heads=80, workspace=None)) == ["ssd_fwd_paired"]
-    assert families(**long_args(batch=2, heads=128, workspace=None)) == ["ssd_fwd_paired"]
-    assert families(**long_args(heads=128, seqlen=500, workspace=None)) == ["ssd_fwd"]
-    assert families(**long_args(heads=280, workspace=None)) == ["ssd_fwd_paired"]
-    assert families(**long_args(batch=4, heads=100, workspace=None)) == ["ssd_fwd_paired"]
+    to split, do not. (With z at N 128: the other paired launches run on ssd_fwd_inline's cubins, below.)"""
+    assert families(**long_args(batch=8, heads=80, gated=True)) == ["ssd_fwd_paired"]
+    assert families(**long_args(batch=8, heads=80, gated=True, workspace=None)) == ["ssd_fwd_paired"]
+    assert families(**long_args(batch=2, heads=128, gated=True, workspace=None)) == ["ssd_fwd_paired"]
+    assert families(**long_args(heads=128, seqlen=500, gated=True, workspace=None)) == ["ssd_fwd"]
+    assert families(**long_args(heads=280, gated=True, workspace=None)) == ["ssd_fwd_paired"]
+    assert families(**long_args(batch=4, heads=100, gated=True, workspace=None)) == ["ssd_fwd_paired"]
 
 
-def test_inline_launches_without_z_at_n128_take_the_variant_without_z_slots():
-    """ssd_fwd_inline's ``z_gate`` constant: False for a launch without z at N 128 (rings of three), True with z and at
-    N 64; the other families have no such constant."""
-    def inline_z_gates(d_state, **over):
-        args = long_args(batch=2, heads=64, seqlen=2048, d_state=d_state, **over)
-        return [call.constants.get("z_gate") for family, call in launches(**args) if family == "ssd_fwd_inline"]
-    assert inline_z_gates(128) == [False]
-    assert inline_z_gates(128, z=fake_array(1 << 41, (2, 2048, 64, P), "fp16")) == [True]
-    assert inline_z_gates(64) == [True]
-    for args in (long_args(heads=128, seqlen=8192), long_args(batch=8, heads=80)):
-        for family, call in launches(**args):  # (the pass and paired segments; the paired handover)
-            assert family != "ssd_fwd_inline" and "z_gate" not in call.constants
+def test_paired_launches_but_those_with_z_at_n128_run_on_the_inline_cubins():
+    """ssd_fwd_inline runs every launch of two heads per CTA but those with z at N 128 (ssd_fwd_paired's), with its
+    ``z_gate`` constant False without z at N 128 (the variant without z slots: rings of three), else True; the other
+    families have no such constant. That holds for an inline split, a handover, the segments after a states-only pass
+    and an unsplit call (the last three with an empty prefix: they enter from chunk states, or at the row's start)."""
+    def routes(**args):
+        return [(family, call.constants.get("z_gate")) for family, call in launches(**args)]
+    paired, inline, ungated, states_pass = (("ssd_fwd_paired", None), ("ssd_fwd_inline", True),
+                                            ("ssd_fwd_inline", False), ("ssd_fwd_pass", None))
+    for args, n128, n128_with_z, n64 in (
+            (dict(batch=2, heads=64, seqlen=2048), [ungated], [inline], [inline]),     # an inline split
+            (dict(heads=128, seqlen=8192), [states_pass, ungated], [states_pass, paired], [states_pass, inline]),
+            (dict(batch=8, heads=80), [ungated], [paired], [inline]),                  # a handover
+            (dict(batch=8, heads=80, workspace=None), [ungated], [paired], [inline])):  # unsplit
+        assert routes(**long_args(**args)) == n128
+        assert routes(**long_args(**args, gated=True)) == n128_with_z
+        assert routes(**long_args(**args, d_state=64)) == n64
+        assert routes(**long_args(**args, d_state=64, gated=True)) == n64
+    handover = steps(**long_args(batch=8, heads=80))[0]
+    assert handover.params["has_segment_flags"] == 1 and handover.params["nchunks"] == 1
+    segments = steps(**long_args(heads=128, seqlen=8192))[1]
+    assert segments.params["segments"] == 2 and segments.params["nchunks"] == 1
+    # (an inline split: nchunks 0, so that its segments walk from the row's start)
+    assert steps(**long_args(batch=2, heads=64, seqlen=2048))[0].params["nchunks"] == 0
 
 
 def test_a_states_only_splits_pass_runs_on_its_own_kernel_and_its_segments_pair():
@@ -373,7 +387,7 @@ def test_a_states_only_splits_pass_runs_on_its_own_kernel_and_its_segments_pair(
     tokens, runs in one ssd_fwd_inline launch instead, workspace or not."""
     first, second = steps(**long_args(heads=128, seqlen=8192))
     assert first.params["states_only"] == 1 and second.params["segments"] == 2
-    assert families(**long_args(heads=128, seqlen=8192)) == ["ssd_fwd_pass", "ssd_fwd_paired"]
+    assert families(**long_args(heads=128, seqlen=8192, gated=True)) == ["ssd_fwd_pass", "ssd_fwd_paired"]
     b2 = long_args(batch=2, heads=64, seqlen=2048)
     assert families(**b2) == ["ssd_fwd_inline"]
     assert runtime.workspace_size("ssd_fwd", x=b2["x"], B=b2["B"]) == 0
@@ -442,13 +456,13 @@ def test_launches_the_paired_kernel_cannot_run_stay_on_the_walk(change, monkeypa
     if change == "states_only":  # every launch has pairs enough: the split's segments pair, its pass runs on its own
         from mamba2_aot.plans import ssd_fwd
         monkeypatch.setattr(ssd_fwd, "paired_pays", lambda pairs: True)
-        assert families(**long_args(heads=128, seqlen=8192)) == ["ssd_fwd_pass", "ssd_fwd_paired"]
+        assert families(**long_args(heads=128, seqlen=8192, gated=True)) == ["ssd_fwd_pass", "ssd_fwd_paired"]
         return
     if change == "odd_heads_per_group":
         groups = 200  # 3 heads per group: a CTA's two heads would read different B and C
     if change == "d_state_256":
         d_state = 256
-    args = long_args(heads=heads, d_state=d_state, workspace=None, seqlen=512)
+    args = long_args(heads=heads, d_state=d_state, workspace=None, seqlen=512, gated=True)
     args["B"] = fake_array(1 << 44, (1, 512, groups, d_state), "fp16")
     args["C"] = fake_array(1 << 45, (1, 512, groups, d_state), "fp16")
     if change == "seq_idx":

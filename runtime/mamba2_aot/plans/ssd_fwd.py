@@ -87,11 +87,12 @@ wait forever). The results are bitwise those of the unsplit call (the same opera
 
 Which kernel runs a launch (:func:`launch_family`): a states-only pass ``ssd_fwd_pass`` (``kernel_src/ssd_fwd_pass.py``:
 the pass with its tiles loaded three blocks ahead); a split with an inline pass ``ssd_fwd_inline``
-(``kernel_src/ssd_fwd_inline.py``); else ``ssd_fwd_paired`` (``kernel_src/ssd_fwd_paired.py``: on sm_90a
-one CTA per SM walks two heads with warp-specialized warpgroups; on sm_100a its cubin is the walk) when the launch has
-d_state <= 128, no ``seq_idx``, an even number of heads per group and its walk's CTAs (two per pair of heads) would
-not fit one per SM (:func:`paired_pays`); else ``ssd_fwd``'s walk. ssd_fwd_inline runs a launch without z at N 128 on
-its variant without z slots (:func:`with_family_constants`). All four compute the same values in the same order: the
+(``kernel_src/ssd_fwd_inline.py``); else two heads per CTA (``kernel_src/ssd_fwd_paired.py``: on sm_90a one CTA per
+SM walks two heads with warp-specialized warpgroups; on sm_100a its cubin is the walk) when the launch has d_state <=
+128, no ``seq_idx``, an even number of heads per group and its walk's CTAs (two per pair of heads) would not fit one
+per SM (:func:`paired_pays`), on ``ssd_fwd_paired`` with z at N 128 and else on ``ssd_fwd_inline`` again (its prefix
+empty); else ``ssd_fwd``'s walk. ssd_fwd_inline runs a launch without z at N 128 on its variant without z slots
+(:func:`with_family_constants`). All four compute the same values in the same order: the
 outputs are the same bits whichever runs for finite inputs (without D the walk adds 0 · x, the paired kernel nothing:
 an infinite x gives NaN in the walk's out only).
 """
@@ -448,7 +449,8 @@ def split_call(call: BoundCall, workspace: DeviceArray | None) -> list[BoundCall
         if inline_segments > 1:
             # (the kernel ends its last segment at segment_len, not at L: the segments must cover the row)
             assert inline_segments * inline_len >= seqlen, (inline_segments, inline_len, seqlen)
-            inline = dict(p, segments=inline_segments, segment_len=inline_len, inline_pass=1)
+            # (nchunks 0: no chunk state to enter from, so ssd_fwd_inline walks each segment from its row's start)
+            inline = dict(p, segments=inline_segments, segment_len=inline_len, inline_pass=1, nchunks=0)
             return [unsplit[0]._replace(grid=_segments_grid(call.grid, inline_segments), params=inline)]
     segments, segment_len = plan_segments(batch, seqlen, nheads, headdim, d_state, align, most)
     if segments < 2:
@@ -507,16 +509,22 @@ def with_family_constants(family: str, launch: BoundCall) -> tuple[str, BoundCal
 
 def launch_family(launch: BoundCall) -> str:
     """The family whose kernel runs ``launch`` (one launch of an ssd_fwd call): ssd_fwd_pass for a states-only pass,
-    ssd_fwd_inline for a split with an inline pass, ssd_fwd_paired when it can run the launch and :func:`paired_pays`
-    for its CTAs (module docstring), else ssd_fwd."""
+    ssd_fwd_inline for a split with an inline pass; two heads per CTA when that CTA can run the launch and
+    :func:`paired_pays` for its CTAs (module docstring): ssd_fwd_paired with z at N 128, else ssd_fwd_inline's cubins
+    (their prefix empty: 1-8 % faster there, by their loaders' order and, without z at N 128, their variant without z
+    slots, which ssd_fwd_paired cannot have as ptxas builds its cubin of it non-reproducibly; 1.5-2.5 % slower with
+    z at N 128: docs/PERF_NOTES.md, forty-sixth session); else ssd_fwd."""
     p = launch.params
     if p["states_only"]:
         return PASS_FAMILY
     if p["inline_pass"]:
         return INLINE_FAMILY
     ptiles, heads, sources = launch.grid
-    runnable = not p["has_seq_idx"] and _pairable(launch.constants["d_state"], p["heads_per_group"])
-    return PAIRED_FAMILY if runnable and paired_pays(ptiles * (heads // 2) * sources) else "ssd_fwd"
+    d_state = launch.constants["d_state"]
+    runnable = not p["has_seq_idx"] and _pairable(d_state, p["heads_per_group"])
+    if not (runnable and paired_pays(ptiles * (heads // 2) * sources)):
+        return "ssd_fwd"
+    return PAIRED_FAMILY if d_state == 128 and p["has_z"] else INLINE_FAMILY
 
 
 class SsdForwardPairedPlan(StepPlan):
