@@ -20,6 +20,8 @@ import hashlib
 import json
 import os
 import re
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -131,6 +133,40 @@ def _write_atomically(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def _from_a_fixed_place(args) -> int:
+    """Run this compile again in a child process that holds no path of this checkout: from a copy of kernel_src at a
+    path named by its contents, writing to names fixed by the variant, without address-space randomization. ptxas (in
+    the DSL's process) numbers registers by heap address in places, and the heap's layout follows the paths a process
+    holds (its checkout's, its outputs'): so one source gave two cubins, run to run and from checkout to checkout
+    (docs/PERF_NOTES.md, forty-fifth and forty-sixth sessions). Moves the child's outputs to ``--cubin`` / ``--meta``;
+    returns its exit status."""
+    sources = sorted(Path(__file__).resolve().parent.glob("*.py"))
+    digest = hashlib.sha256(b"".join(p.name.encode() + b"\0" + p.read_bytes() for p in sources)).hexdigest()[:16]
+    root = Path(tempfile.gettempdir()) / f"mamba2_aot-{digest}"
+    if not root.is_dir():  # (staged, then renamed: a concurrent compile of the same sources may have won the rename)
+        stage = Path(tempfile.mkdtemp(prefix="mamba2_aot-stage-"))
+        (stage / "kernel_src").mkdir()
+        for source in sources:
+            shutil.copy2(source, stage / "kernel_src" / source.name)
+        try:
+            stage.rename(root)
+        except OSError:
+            shutil.rmtree(stage)
+    tag = hashlib.sha256(json.dumps([args.family, args.constants, args.arch, args.experiment]).encode()).hexdigest()[:16]
+    cubin, meta = f"out/{tag}.cubin", f"out/{tag}.json"
+    command = [*toolchain.fixed_addresses_prefix(), sys.executable, "-m", "kernel_src.compile_variant", "--fixed-place",
+               "--family", args.family, "--constants", args.constants, "--arch", args.arch, "--cubin", cubin,
+               "--meta", meta, *(f"--experiment={e}" for e in args.experiment),
+               *(["--ptxas-info"] if args.ptxas_info else [])]
+    status = subprocess.run(command, cwd=root, env={**os.environ, "PYTHONPATH": str(root), "PYTHONHASHSEED": "0"}
+                            ).returncode
+    if status == 0:
+        for made, wanted in ((root / cubin, args.cubin), (root / meta, args.meta)):
+            _write_atomically(wanted, made.read_bytes())
+            made.unlink()
+    return status
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", required=True)
@@ -142,7 +178,10 @@ def main(argv=None) -> int:
                         help="a build experiment to turn on where the family implements it (repeatable)")
     parser.add_argument("--ptxas-info", action="store_true",
                         help="print ptxas' report and remarks (spills, why it serializes warpgroup MMAs)")
+    parser.add_argument("--fixed-place", action="store_true", help=argparse.SUPPRESS)  # (_from_a_fixed_place's child)
     args = parser.parse_args(argv)
+    if not args.fixed_place:
+        return _from_a_fixed_place(args)
     constants = json.loads(args.constants)
     name = f"{args.arch} {variant_key(args.family, constants)}"
     start = time.perf_counter()
