@@ -80,8 +80,8 @@ class SsdForward:
     gate_buffers = 2          # z's tiles (the walk with outputs)
     x_tiles, b_tiles = 2, 1   # x's two buffers, B's tile (ssd_fwd_pass: rings of both)
     segment_handover = True   # split calls' segments may hand their states over
-    # ssd_fwd_inline (kernel_src/ssd_fwd_inline.py): a split call in one launch, each segment after the first walking
-    # the state recurrence alone from its row's start up to its own
+    # ssd_fwd_inline (kernel_src/ssd_fwd_inline.py): a split call in one launch (nchunks 0), each segment after the first
+    # walking the state recurrence alone from its row's start up to its own
     inline_pass = False
     weighted_x_offset = TILE * TILE  # where the weighted x sits in the scratch (after S, stored there by warp MMAs)
     # Two ways of ssd_fwd_paired's products with fewer instructions (docs/PERF_NOTES.md, twenty-eighth session): the
@@ -237,7 +237,7 @@ class SsdForward:
         states = self._state_views(a)
 
         # This CTA's tokens: [start, end) of one row (or of one segment of it), and the number of its first sequence;
-        # with an inline pass the walk begins at ``first``, the row's start, its outputs at start.
+        # in an inline split the walk begins at ``first``, the row's start, its outputs at start.
         segment = source % a.segments
         source = source // a.segments + split_row
         row, first, start, end = self._walk_tokens(a, source, segment)

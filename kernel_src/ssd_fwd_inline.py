@@ -1,4 +1,4 @@
-"""ssd_fwd_inline: a split ssd_fwd call in one launch, ssd_fwd_paired's CTA with an inline pass (sm_90a; N 64 and 128).
+"""ssd_fwd_inline: a split ssd_fwd call in one launch, and the other paired launches (sm_90a; N 64 and 128).
 
 A call with few CTAs for the GPU is split along L into segments run at once (``runtime/mamba2_aot/plans/ssd_fwd.py``).
 In ssd_fwd's way, a states-only pass (``ssd_fwd_pass``) first leaves the state entering each later segment in a
@@ -18,8 +18,9 @@ N 128 its variant without z slots; docs/PERF_NOTES.md, forty-sixth session).
 
 The parameters and the grid are ssd_fwd's; the math and the CTA are ssd_fwd_paired's (``kernel_src/ssd_fwd_paired.py``),
 which is this class with ``inline_pass`` off. On sm_100a, which has no wgmma, the cubin is ssd_fwd's walk with the same
-switch: a segment walks from its row's start with outputs, none stored before its start (correct, but no faster than
-the unsplit walk, where the two launches were faster for short passes: estimated, unvalidated there).
+switch: a segment of an inline split walks from its row's start with outputs, none stored before its start (correct,
+but no faster than the unsplit walk, where the two launches were faster for short passes: estimated, unvalidated
+there); other launches walk as ssd_fwd's.
 """
 from kernel_src.families import expect_constants
 from kernel_src.ssd_fwd_paired import SsdForwardPaired

@@ -1,4 +1,4 @@
-"""ssd_fwd_paired: ssd_fwd's walk for two heads at once, warp-specialized (sm_90a; built at N 128, the class serves 64 too).
+"""ssd_fwd_paired: ssd_fwd's walk for two heads at once, warp-specialized (sm_90a; N 128, and N 64 in ssd_fwd_inline's).
 
 The math, the parameters and the grid are ssd_fwd's (``kernel_src/ssd_fwd.py``): the runtime pairs the launches this
 CTA can run (see ``runtime/mamba2_aot/plans/ssd_fwd.py``: no packed ``seq_idx``, no states-only pass, an even number of
@@ -24,8 +24,8 @@ y; the CTAs past H / 2 exit at once):
   head's staged y to ``out``.
 
 Tiles sit in rings (slot k mod ring for block k, blocks counted from the walk's first): B, C, x and z are loaded two
-blocks ahead at N 64 (rings of three) and one ahead at N 128 (two: three slots would not fit), but in ssd_fwd_inline's
-N 128 variants without z (``z_gate`` False, which the runtime picks for calls without z), whose B, C and x have the z
+blocks ahead at N 64 (rings of three; ssd_fwd_inline's variants) and one ahead at N 128 (two: three slots would not
+fit), but in ssd_fwd_inline's N 128 variants without z (``z_gate`` False, which the runtime picks for calls without z), whose B, C and x have the z
 slots' room for rings of three; Δ and the cumsums one block ahead in three slots. Hand-offs are named barriers
 (``ssd_tiles.role_sync`` / ``role_arrive``):
 
@@ -52,7 +52,8 @@ walk without such a block (the writers' last Y_STAGED wait would never return).
 On sm_100a, which has no wgmma, the cubin is ssd_fwd's walk, so that the runtime's choice between the two families
 never depends on the device (N 256 is never paired: the plan keeps it on ssd_fwd, and no such variant is built).
 ``kernel_src/ssd_fwd_inline.py`` is this class with ``inline_pass`` on: a split call in one launch, its segments after
-the first walking the state alone from their row's start (``_states_block``).
+the first walking the state alone from their row's start (``_states_block``), and the paired launches but those with z
+at N 128, with no such prefix.
 """
 
 # (no "from __future__ import annotations": cute.struct reads its field annotations as live objects)
@@ -95,9 +96,8 @@ class SsdForwardPaired(SsdForward):
     # (N 64: ssd_fwd_inline's cubins run those launches; N 256 is never paired: the plan keeps it on ssd_fwd)
     d_states = (128,)
     # Whether the CTA gates y by z (z slots in shared memory). Always here: ssd_fwd_inline's variants without z set
-    # it off, and run this family's launches without z. This family's own cubin without z is not reproducible (ptxas
-    # 13.0 numbers its registers in one of two ways from the same PTX, run to run; docs/PERF_NOTES.md, forty-fifth
-    # session)
+    # it off, and run this family's launches without z (this family's own such cubin was not reproducible in the
+    # forty-fifth session's builds; docs/PERF_NOTES.md, forty-fifth and forty-sixth sessions)
     z_gate = True
 
     @property
@@ -275,7 +275,8 @@ class SsdForwardPaired(SsdForward):
         stores_chunks = (a.has_chunk_states != 0) & ((segment == a.segments - 1) != (a.has_segment_flags != 0))
         blk_out = blk_first
         if cutlass.const_expr(self.inline_pass):
-            blk_out = cute.math.min(start // TILE, blk_end)  # (segment_len is a multiple of 64: so is start)
+            # (an inline split's segment_len is a multiple of 64, so is its start; elsewhere first is start, no prefix)
+            blk_out = cute.math.min(start // TILE, blk_end)
             for blk in range(blk_first, blk_out):
                 self._states_block(storage, mma, acc_h, staging, w, walk_barrier, blk, blk - blk_first, first, end,
                                    tid, io_type)

@@ -1,6 +1,6 @@
 """ssd_fwd on the GPU against the fp64 oracle (token-by-token recurrence on the same rounded inputs), every launch on
 the walk (kernel_src/ssd_fwd.py) but a split call's states-only pass (kernel_src/ssd_fwd_pass.py):
-tests/test_ssd_fwd_paired_gpu.py runs these tests again on ssd_fwd_paired.
+tests/test_ssd_fwd_paired_gpu.py runs these tests again two heads per CTA (ssd_fwd_paired and ssd_fwd_inline).
 
 Needs a CUDA device and the ssd_fwd cubins (``scons`` output or installed wheels); see tests/conftest.py.
 """

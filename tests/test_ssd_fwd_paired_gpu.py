@@ -2,9 +2,11 @@
 whatever its CTA count (the tests' calls are small: the plan would keep most on the walk), on ssd_fwd_paired with z at
 N 128, else on ssd_fwd_inline's cubins, and its outputs bitwise the walk's for every built variant.
 
-Needs a CUDA device and the ssd_fwd and ssd_fwd_paired cubins (``scons`` output or installed wheels); see
-tests/conftest.py.
+Needs a CUDA device and the ssd_fwd, ssd_fwd_paired and ssd_fwd_inline cubins (``scons`` output or installed wheels);
+see tests/conftest.py.
 """
+
+import math
 
 import pytest
 
@@ -140,6 +142,36 @@ def test_inline_pass_calls_are_the_two_launch_splits_bitwise(constants, z, paire
     for name, value in split.items():
         assert torch.isfinite(value.float()).all(), name
         assert torch.equal(inline[name], value), name
+
+
+@ROUTES
+def test_segments_after_a_pass_enter_from_its_states(z, family, constants, paired_launches, monkeypatch):
+    """The segments after a states-only pass take the state entering each from the pass's chunk states (``nchunks``
+    > 0), not from a walk of their own from the row's start (ssd_fwd_inline's inline pass, which would give the same
+    bits: only this shows which ran): those states set to 1.0 between the two launches change the later segments'
+    outputs, and not the first segment's. (Not necessarily the final states: over the last segment the entering
+    state's decay may fall below their rounding.)"""
+    from mamba2_aot import dispatch
+    P, N, io, state = constants["headdim"], constants["d_state"], constants["io_dtype"], constants["state_dtype"]
+    inputs = _to_cuda(generators.standard_inputs(1, 2600, 8, P, N, 2, TORCH_DTYPES[io], seed=P + N, D="HP", z=z,
+                                                 initial_states=True))
+    kw = dict(final=True, state_dtype=TORCH_DTYPES[state], workspace=True)
+    plain = _run(inputs, **kw)
+    assert paired_launches == ["ssd_fwd_pass", family]
+    enqueue, segments = dispatch._enqueue, []
+
+    def entering_states_set_to_one(drv, device, kernel, call, handle, packed_cache):
+        enqueue(drv, device, kernel, call, handle, packed_cache)
+        if call.params["states_only"]:
+            (entering,) = call.outputs
+            drv.memset_d32(entering.ptr, 0x3F800000, math.prod(entering.shape), handle)  # (fp32 1.0)
+        else:
+            segments.append(call.params["segment_len"])
+    monkeypatch.setattr(dispatch, "_enqueue", entering_states_set_to_one)
+    changed = _run(inputs, **kw)
+    (first_len,) = segments
+    assert torch.equal(changed["out"][:, :first_len], plain["out"][:, :first_len])
+    assert not torch.equal(changed["out"][:, first_len:], plain["out"][:, first_len:])
 
 
 def _expect_the_walks_bits(inputs, family, paired_launches, monkeypatch, **kw):
