@@ -7,7 +7,9 @@ Run once per variant, in its own process (``cute.compile`` is not thread-safe)::
         --cubin build/stage/mamba2_aot_cubins_sm90/cubins/X.cubin --meta build/meta/sm_90a/X.json
 
 The metadata JSON holds the variant's manifest entry (everything but the path prefix). Any failure
-prints the variant's name and exits non-zero, leaving no output files behind.
+prints the variant's name and exits non-zero, leaving no output files behind. The command line compiles in a child
+process that holds no path of the checkout, without address-space randomization (``_compile_in_a_fixed_root``: ptxas'
+register numbering followed heap addresses); ``main`` compiles in its own process.
 
 ``--experiment NAME`` (repeatable) turns on a build experiment in the kernel classes that declare it (their
 ``experiments`` class attribute; the kernel code asks ``families.experiment_enabled``). A variant built with one is marked
@@ -16,6 +18,7 @@ unvalidated in its entry (``"validated": false``, ``"experiments": [...]``): the
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -133,41 +136,82 @@ def _write_atomically(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _from_a_fixed_place(args) -> int:
-    """Run this compile again in a child process that holds no path of this checkout: from a copy of kernel_src at a
-    path named by its contents, writing to names fixed by the variant, without address-space randomization. ptxas (in
-    the DSL's process) numbers registers by heap address in places, and the heap's layout follows the paths a process
-    holds (its checkout's, its outputs'): so one source gave two cubins, run to run and from checkout to checkout
-    (docs/PERF_NOTES.md, forty-fifth and forty-sixth sessions). Moves the child's outputs to ``--cubin`` / ``--meta``;
-    returns its exit status."""
-    sources = sorted(Path(__file__).resolve().parent.glob("*.py"))
-    digest = hashlib.sha256(b"".join(p.name.encode() + b"\0" + p.read_bytes() for p in sources)).hexdigest()[:16]
-    root = Path(tempfile.gettempdir()) / f"mamba2_aot-{digest}"
-    if not root.is_dir():  # (staged, then renamed: a concurrent compile of the same sources may have won the rename)
-        stage = Path(tempfile.mkdtemp(prefix="mamba2_aot-stage-"))
-        (stage / "kernel_src").mkdir()
-        for source in sources:
-            shutil.copy2(source, stage / "kernel_src" / source.name)
-        try:
-            stage.rename(root)
-        except OSError:
-            shutil.rmtree(stage)
-    tag = hashlib.sha256(json.dumps([args.family, args.constants, args.arch, args.experiment]).encode()).hexdigest()[:16]
-    cubin, meta = f"out/{tag}.cubin", f"out/{tag}.json"
-    command = [*toolchain.fixed_addresses_prefix(), sys.executable, "-m", "kernel_src.compile_variant", "--fixed-place",
-               "--family", args.family, "--constants", args.constants, "--arch", args.arch, "--cubin", cubin,
-               "--meta", meta, *(f"--experiment={e}" for e in args.experiment),
-               *(["--ptxas-info"] if args.ptxas_info else [])]
-    status = subprocess.run(command, cwd=root, env={**os.environ, "PYTHONPATH": str(root), "PYTHONHASHSEED": "0"}
-                            ).returncode
-    if status == 0:
-        for made, wanted in ((root / cubin, args.cubin), (root / meta, args.meta)):
-            _write_atomically(wanted, made.read_bytes())
-            made.unlink()
-    return status
+def _sources_digest(folder: Path) -> str:
+    """16 hex digits of the sha256 of ``folder``'s Python sources (names and bytes)."""
+    files = sorted(folder.glob("*.py"))
+    return hashlib.sha256(b"".join(p.name.encode() + b"\0" + p.read_bytes() for p in files)).hexdigest()[:16]
 
 
-def main(argv=None) -> int:
+def _fixed_root() -> Path:
+    """``$TMPDIR/mamba2_aot-<uid>/<digest>``: a copy of kernel_src at a path named by its sources (one per user, 0700),
+    re-staged when missing or not what its name says (a partial copy, an edit, a cleaned temp directory). Staged
+    beside it and renamed into place, so that concurrent compiles of the same sources agree on one. Raises
+    RuntimeError when the user's directory is not the user's own."""
+    src = Path(__file__).resolve().parent
+    digest = _sources_digest(src)
+    base = Path(tempfile.gettempdir()) / f"mamba2_aot-{os.getuid()}"
+    base.mkdir(mode=0o700, exist_ok=True)
+    if base.is_symlink() or base.stat().st_uid != os.getuid():
+        raise RuntimeError(f"{base} is not this user's own directory")
+    root = base / digest
+    if (root / "kernel_src").is_dir() and _sources_digest(root / "kernel_src") == digest:
+        return root
+    stage = Path(tempfile.mkdtemp(dir=base, prefix="stage-"))
+    (stage / "kernel_src").mkdir()
+    (stage / "out").mkdir()
+    for source in src.glob("*.py"):
+        shutil.copy2(source, stage / "kernel_src" / source.name)
+    if root.exists():  # (not what its name says: set aside, then removed)
+        stale = Path(tempfile.mkdtemp(dir=base, prefix="stale-"))
+        os.replace(root, stale / "root")
+        shutil.rmtree(stale, ignore_errors=True)
+    try:
+        stage.rename(root)
+    except OSError:  # another compile renamed its copy first
+        shutil.rmtree(stage, ignore_errors=True)
+    return root
+
+
+def _compile_in_a_fixed_root(argv: list[str]) -> int:
+    """The command line's compile (``argv``), run again in a child process that holds no path of the checkout: from
+    :func:`_fixed_root`, with output names fixed by the variant, without address-space randomization where the host
+    allows it (``toolchain.fixed_addresses_prefix``); then its outputs moved where ``argv`` asks. ptxas (in the DSL's
+    process) numbers registers by heap address in places, and the heap's layout follows the paths a process holds (its
+    checkout's, its outputs'), so otherwise one source gave two cubins, run to run and from checkout to checkout
+    (docs/PERF_NOTES.md, forty-fifth and forty-sixth sessions). The same interpreter and environment are still
+    needed for the same bytes. Returns the exit status (the child's; 1, the variant named, when the parent fails)."""
+    args = _parser().parse_args(argv)
+    name = f"{args.arch} {args.family} {args.constants}"
+    try:
+        name = f"{args.arch} {variant_key(args.family, json.loads(args.constants))}"
+        root = _fixed_root()
+        tag = hashlib.sha256(json.dumps([args.family, args.constants, args.arch, args.experiment]).encode()
+                             ).hexdigest()[:16]
+        cubin, meta = root / "out" / f"{tag}.cubin", root / "out" / f"{tag}.json"
+        command = [*toolchain.fixed_addresses_prefix(), sys.executable, "-m", "kernel_src.compile_variant",
+                   "--in-fixed-root", "--family", args.family, "--constants", args.constants, "--arch",
+                   args.arch, "--cubin", str(cubin.relative_to(root)), "--meta", str(meta.relative_to(root)),
+                   *(f"--experiment={e}" for e in args.experiment), *(["--ptxas-info"] if args.ptxas_info else [])]
+        with open(root / "out" / f"{tag}.lock", "w") as lock:  # (two builds of one variant on this host at once)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            status = subprocess.run(command, cwd=root, env={**os.environ, "PYTHONPATH": str(root),
+                                                            "PYTHONHASHSEED": "0"}).returncode
+            if status < 0:
+                raise RuntimeError(f"the compile was killed by signal {-status}")
+            if status != 0:
+                return status  # (the child named the variant)
+            made = cubin.read_bytes(), meta.read_bytes()
+            cubin.unlink()
+            meta.unlink()
+    except Exception as exc:  # the build must name the variant whatever went wrong
+        print(f"FAILED {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    _write_atomically(args.cubin, made[0])
+    _write_atomically(args.meta, made[1])
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", required=True)
     parser.add_argument("--constants", required=True, help="JSON object of the variant's constants")
@@ -178,10 +222,13 @@ def main(argv=None) -> int:
                         help="a build experiment to turn on where the family implements it (repeatable)")
     parser.add_argument("--ptxas-info", action="store_true",
                         help="print ptxas' report and remarks (spills, why it serializes warpgroup MMAs)")
-    parser.add_argument("--fixed-place", action="store_true", help=argparse.SUPPRESS)  # (_from_a_fixed_place's child)
-    args = parser.parse_args(argv)
-    if not args.fixed_place:
-        return _from_a_fixed_place(args)
+    parser.add_argument("--in-fixed-root", action="store_true", help=argparse.SUPPRESS)  # (the child's mark)
+    return parser
+
+
+def main(argv=None) -> int:
+    """The command line's compile, in this process."""
+    args = _parser().parse_args(argv)
     constants = json.loads(args.constants)
     name = f"{args.arch} {variant_key(args.family, constants)}"
     start = time.perf_counter()
@@ -199,4 +246,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main() if "--in-fixed-root" in sys.argv else _compile_in_a_fixed_root(sys.argv[1:]))

@@ -24,7 +24,7 @@ def compile_options(arch: str) -> str:
 def fixed_addresses_prefix() -> list[str]:
     """The command prefix that runs a process without address-space randomization (util-linux's ``setarch``, the
     machine named: older versions need it), or [] where it is missing or not allowed (a container's seccomp profile
-    may refuse the personality). See ``compile_variant``'s ``_from_a_fixed_place``: why compiles need it."""
+    may refuse the personality). See ``compile_variant._compile_in_a_fixed_root``: why compiles need it."""
     prefix = ["setarch", platform.machine(), "-R"]
     try:
         return prefix if subprocess.run(prefix + ["true"], capture_output=True).returncode == 0 else []
