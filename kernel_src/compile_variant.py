@@ -144,7 +144,8 @@ def _sources_digest(folder: Path) -> str:
 
 def _fixed_root() -> Path:
     """``$TMPDIR/mamba2_aot-<uid>/<digest>``: a copy of kernel_src at a path named by its sources (one per user, 0700),
-    re-staged when missing or not what its name says (a partial copy, an edit, a cleaned temp directory). Staged
+    re-staged when missing or not what its name says (a partial copy, an edit, a cleaned temp directory, bytecode:
+    whether the child imports kernel_src from source or from bytecode changes its heap, so never the latter). Staged
     beside it and renamed into place, so that concurrent compiles of the same sources agree on one. Raises
     RuntimeError when the user's directory is not the user's own."""
     src = Path(__file__).resolve().parent
@@ -154,7 +155,8 @@ def _fixed_root() -> Path:
     if base.is_symlink() or base.stat().st_uid != os.getuid():
         raise RuntimeError(f"{base} is not this user's own directory")
     root = base / digest
-    if (root / "kernel_src").is_dir() and _sources_digest(root / "kernel_src") == digest:
+    copy = root / "kernel_src"
+    if copy.is_dir() and _sources_digest(copy) == digest and not (copy / "__pycache__").exists():
         return root
     stage = Path(tempfile.mkdtemp(dir=base, prefix="stage-"))
     (stage / "kernel_src").mkdir()
@@ -194,8 +196,9 @@ def _compile_in_a_fixed_root(argv: list[str]) -> int:
                    *(f"--experiment={e}" for e in args.experiment), *(["--ptxas-info"] if args.ptxas_info else [])]
         with open(root / "out" / f"{tag}.lock", "w") as lock:  # (two builds of one variant on this host at once)
             fcntl.flock(lock, fcntl.LOCK_EX)
-            status = subprocess.run(command, cwd=root, env={**os.environ, "PYTHONPATH": str(root),
-                                                            "PYTHONHASHSEED": "0"}).returncode
+            status = subprocess.run(command, cwd=root, env={**os.environ, "PYTHONPATH": str(root), "PYTHONHASHSEED": "0",
+                                                            "PYTHONDONTWRITEBYTECODE": "1",
+                                                            "CUTE_DSL_DISABLE_FILE_CACHING": "1"}).returncode
             if status < 0:
                 raise RuntimeError(f"the compile was killed by signal {-status}")
             if status != 0:

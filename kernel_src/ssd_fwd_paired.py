@@ -5,7 +5,7 @@ CTA can run (see ``runtime/mamba2_aot/plans/ssd_fwd.py``: no packed ``seq_idx``,
 heads per group, more than 66 pairs of heads: ``paired_pays``), and ssd_fwd runs the rest. Of the paired launches this
 family runs those with z at N 128; ssd_fwd_inline's cubins (this class with an inline pass, its prefix empty) run the
 others, 1-8 % faster: its loaders' order, and without z at N 128 rings of three. With z at N 128 this family's CTA is
-the faster by 1.5-2.5 % (its writers take no part in TILES_FREE), so it is built at N 128 only (docs/PERF_NOTES.md,
+the faster by 1.4-2.4 % (its writers take no part in TILES_FREE), so it is built at N 128 only (docs/PERF_NOTES.md,
 forty-sixth session). On sm_90a a CTA is three warpgroups, one per SM, walking heads 2y and 2y + 1 of one group (grid
 y; the CTAs past H / 2 exit at once):
 

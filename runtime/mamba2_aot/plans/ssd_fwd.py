@@ -512,7 +512,7 @@ def launch_family(launch: BoundCall) -> str:
     ssd_fwd_inline for a split with an inline pass; two heads per CTA when that CTA can run the launch and
     :func:`paired_pays` for its CTAs (module docstring): ssd_fwd_paired with z at N 128, else ssd_fwd_inline's cubins
     (their prefix empty: 1-8 % faster there, by their loaders' order and, without z at N 128, their variant without z
-    slots; 1.5-2.5 % slower with z at N 128: docs/PERF_NOTES.md, forty-sixth session); else ssd_fwd."""
+    slots; 1.4-2.4 % slower with z at N 128: docs/PERF_NOTES.md, forty-sixth session); else ssd_fwd."""
     p = launch.params
     if p["states_only"]:
         return PASS_FAMILY
