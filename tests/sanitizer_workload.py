@@ -90,7 +90,8 @@ def forward(N):
 
 
 # every launch on the walk, then every launch a CTA of two heads can run on one (ssd_fwd_paired with z at N 128, else
-# ssd_fwd_inline; sm_90a, elsewhere their cubins are the walk) however few its CTAs: the seq_idx calls stay on the walk (a split call's states-only pass runs on ssd_fwd_pass)
+# ssd_fwd_inline; sm_90a, elsewhere their cubins are the walk) however few its CTAs: the seq_idx calls stay on the
+# walk (a split call's states-only pass runs on ssd_fwd_pass)
 paired_pays = ssd_fwd.paired_pays
 for pairing in (False, True):
     ssd_fwd.paired_pays = lambda pairs, pairing=pairing: pairing

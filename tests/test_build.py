@@ -465,8 +465,8 @@ def test_rings_of_two_publish_x_alone_and_wait_for_z_before_y_free(compile_once,
 def test_the_n128_inline_variant_without_z_has_rings_of_three_and_no_gate(compile_once):
     """ssd_fwd_inline at N 128 with ``z_gate`` False (the runtime's variant for calls without z): no z slots, B, C and x
     on rings of three (+48 KB - 32 KB of shared memory), no gate (silu's tanh.approx, MUFU.TANH, only in the variant
-    with z); N 64 (rings of three with z) has no such variant, nor has ssd_fwd_paired (whose cubin of it ptxas does not
-    build reproducibly)."""
+    with z); N 64 (rings of three with z) has no such variant, nor has ssd_fwd_paired (whose cubin of it ptxas did not
+    build reproducibly in the forty-fifth session's builds)."""
     constants = {**BF16_P64_N128, "state_dtype": "fp32"}
     gated, gated_entry = compile_once("sm_90a", "ssd_fwd_inline", {**constants, "z_gate": True})
     ungated, entry = compile_once("sm_90a", "ssd_fwd_inline", {**constants, "z_gate": False})
