@@ -354,23 +354,17 @@ class SsdForward:
         row, start, end = self._tokens(a, source, segment)
         first = start
         if cutlass.const_expr(self.inline_pass):
-            if self._inline_split(a):
+            if a.nchunks == 0:
                 _, first, _ = source_tokens(a, source, a.seqlen)
         return row, first, start, end
 
-    @staticmethod
-    def _inline_split(a):
-        """Whether an inline-pass kernel's launch is an inline split, whose segments walk from their row's start: one
-        with no chunk states to enter from (``nchunks`` 0, as the plan binds it). ssd_fwd_inline's other launches (the
-        segments after a states-only pass, a handover's, an unsplit call) walk no prefix."""
-        return a.nchunks == 0
-
     def _from_row_start(self, a, segment):
-        """Whether the CTA's walk begins at its row's start, from the sequence's initial state (the first segment; every
-        segment of an inline split), rather than at its segment's, from the chunk state entering it (left by a
-        states-only pass or the segment before)."""
+        """Whether the CTA's walk begins at its row's start, from the sequence's initial state (the first segment; with
+        an inline pass, every segment of a launch with no chunk states, ``nchunks`` 0 as the plan binds an inline
+        split), rather than at its segment's, from the chunk state entering it (left by a states-only pass or the
+        segment before: the plan sends ssd_fwd_inline those launches too, without z at N 128)."""
         if cutlass.const_expr(self.inline_pass):
-            return (segment == 0) | self._inline_split(a)
+            return (segment == 0) | (a.nchunks == 0)
         return segment == 0
 
     @cute.jit

@@ -1,4 +1,4 @@
-"""ssd_fwd_paired: ssd_fwd's walk for two heads at once, warp-specialized (sm_90a; N 128, N 64 in ssd_fwd_inline).
+"""ssd_fwd_paired: ssd_fwd's walk for two heads at once, warp-specialized (sm_90a; N 128, and N 64 in ssd_fwd_inline's).
 
 The math, the parameters and the grid are ssd_fwd's (``kernel_src/ssd_fwd.py``): the runtime pairs the launches this
 CTA can run (see ``runtime/mamba2_aot/plans/ssd_fwd.py``: no packed ``seq_idx``, no states-only pass, an even number of
@@ -25,8 +25,8 @@ y; the CTAs past H / 2 exit at once):
 
 Tiles sit in rings (slot k mod ring for block k, blocks counted from the walk's first): B, C, x and z are loaded two
 blocks ahead at N 64 (rings of three; ssd_fwd_inline's variants) and one ahead at N 128 (two: three slots would not
-fit), but in ssd_fwd_inline's N 128 variants without z (``z_gate`` False, which the runtime picks for calls without
-z), whose B, C and x have the z slots' room for rings of three; Δ and the cumsums one block ahead in three slots. Hand-offs are named barriers
+fit), but in ssd_fwd_inline's N 128 variants without z (``z_gate`` False, which the runtime picks for calls without z), whose B, C and x have the z
+slots' room for rings of three; Δ and the cumsums one block ahead in three slots. Hand-offs are named barriers
 (``ssd_tiles.role_sync`` / ``role_arrive``):
 
 - TR + k mod 3, per head: block k's tiles and scan are in shared memory (loaders and writers arrive, the head's

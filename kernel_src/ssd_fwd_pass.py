@@ -3,10 +3,10 @@
 A call with few CTAs for the GPU is split along L (``kernel_src/ssd_fwd.py``, ``runtime/mamba2_aot/plans/ssd_fwd.py``):
 this pass first walks the state recurrence alone over its first segments, h ← 2^(cs_end − base)·h + (weighted x)ᵀ·B
 per 64-token block (ssd_fwd's math: ``_weigh_rows``, ``_advance_state``), and stores the states entering the later
-segments as chunk states; then ssd_fwd, ssd_fwd_paired or ssd_fwd_inline runs every segment at once. The pass is one
-CTA per (64-row slice of P, head, row): 128 of them at the B2 L2048 H64 and Nemotron-H-like shapes, one per SM, each a
-chain of blocks that waited on its tiles (loaded one block ahead in ssd_fwd's walk, ~1 µs a block). Here x and B sit
-in a ring of four slots, loaded three blocks ahead; a block's product with h runs while the next block's x is weighed (no branch between
+segments as chunk states; then ssd_fwd, ssd_fwd_paired or ssd_fwd_inline runs every segment at once. The pass is one CTA per (64-row
+slice of P, head, row): 128 of them at the B2 L2048 H64 and Nemotron-H-like shapes, one per SM, each a chain of blocks
+that waited on its tiles (loaded one block ahead in ssd_fwd's walk, ~1 µs a block). Here x and B sit in a ring of four
+slots, loaded three blocks ahead; a block's product with h runs while the next block's x is weighed (no branch between
 the product and its wait, so ptxas keeps the wgmma asynchronous); on sm_90a two warpgroups share the work along N.
 The same operations in the same order as ssd_fwd's pass: the states are bitwise its. On the warp-MMA CTA (off sm_90a,
 and N 256) the CTA is ssd_fwd's.
