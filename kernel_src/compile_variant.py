@@ -18,6 +18,7 @@ unvalidated in its entry (``"validated": false``, ``"experiments": [...]``): the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -34,11 +35,12 @@ from kernel_src import abi, cubin_checks, toolchain
 from kernel_src.families import new_kernel, variant_key, variant_stem
 
 
-def compile_variant(family: str, constants: dict, arch: str, experiments=(), ptxas_info: bool = False
-                    ) -> tuple[bytes, dict]:
+def compile_variant(family: str, constants: dict, arch: str, experiments=(), ptxas_info: bool = False,
+                    dump_dir: Path | None = None) -> tuple[bytes, dict]:
     """Compile and check one variant, with those of the requested ``experiments`` its class implements; return the
     cubin bytes and its manifest entry. ``ptxas_info``: also print what ptxas says of it (``-v``: registers, spills;
-    its remarks, such as the C75xx reasons it serializes warpgroup MMAs), a developer's view of a failed check."""
+    its remarks, such as the C75xx reasons it serializes warpgroup MMAs), a developer's view of a failed check.
+    ``dump_dir``: where the DSL leaves its PTX, emptied and removed (default: a new temporary directory)."""
     def build(min_ctas_per_sm=None):
         kernel = new_kernel(family, constants, arch, experiments)
         if min_ctas_per_sm is not None:
@@ -48,7 +50,7 @@ def compile_variant(family: str, constants: dict, arch: str, experiments=(), ptx
     kernel = build()
     params = kernel.params()
     param_rows = abi.layout(params)
-    cubin, symbol, ptx_isa = _compile(kernel, params, arch, ptxas_info)
+    cubin, symbol, ptx_isa = _compile(kernel, params, arch, ptxas_info, dump_dir)
     res = cubin_checks.resources(cubin, symbol, toolchain.cuobjdump())
     # A kernel that spills at its occupancy target (min_ctas_per_sm) is built at a lower one, down to the floor
     # it allows (min_ctas_floor): the target was chosen on one arch and toolchain, whose register allocation
@@ -58,7 +60,7 @@ def compile_variant(family: str, constants: dict, arch: str, experiments=(), ptx
         kernel = build(kernel.min_ctas_per_sm - 1)
         print(f"note: {arch} {variant_key(family, constants)} spilled ({res.stack} B stack, {res.local} B local): "
               f"building it at {kernel.min_ctas_per_sm} CTAs per SM", file=sys.stderr)
-        cubin, symbol, ptx_isa = _compile(kernel, params, arch, ptxas_info)
+        cubin, symbol, ptx_isa = _compile(kernel, params, arch, ptxas_info, dump_dir)
         res = cubin_checks.resources(cubin, symbol, toolchain.cuobjdump())
 
     cubin_checks.check_arch(cubin, arch)
@@ -100,25 +102,38 @@ def validation_fields(kernel) -> dict:
     return {"validated": getattr(kernel, "validated", True)}
 
 
-def _compile(kernel, params, arch: str, ptxas_info: bool = False) -> tuple[bytes, str, str]:
+def _compile(kernel, params, arch: str, ptxas_info: bool = False, dump_dir: Path | None = None
+             ) -> tuple[bytes, str, str]:
     """``kernel`` compiled for ``arch``: the cubin, its one kernel symbol and the PTX ISA version it was built at
-    (with ``ptxas_info``, the DSL prints ptxas' report and remarks as it compiles)."""
+    (with ``ptxas_info``, the DSL prints ptxas' report and remarks as it compiles; ``dump_dir``: see
+    :func:`compile_variant`)."""
     import cuda.bindings.driver as cuda
     import cutlass.cute as cute
 
     placeholders = [abi.placeholder(p) for p in params]
     report = " warnings remarks{ptx} --ptxas-options=-v" if ptxas_info else ""
-    with tempfile.TemporaryDirectory() as dump_dir:
+    with _emptied(dump_dir) if dump_dir is not None else tempfile.TemporaryDirectory() as dump:
         compiled = cute.compile(kernel, tuple(placeholders), cuda.CUstream(0),
-                                options=f"{toolchain.compile_options(arch)} --keep-ptx --dump-dir {dump_dir}{report}")
+                                options=f"{toolchain.compile_options(arch)} --keep-ptx --dump-dir {dump}{report}")
         cubin = compiled.__cubin__
         if not isinstance(cubin, bytes):  # the DSL returns the intended path when it could not dump
             raise RuntimeError(f"cute.compile produced no cubin bytes (got {cubin!r})")
-        ptx_isa = _ptx_isa_version(Path(dump_dir))
+        ptx_isa = _ptx_isa_version(Path(dump))
     symbols = list(compiled.kernel_info)
     if len(symbols) != 1:
         raise RuntimeError(f"expected one kernel per variant, the DSL reports {symbols}")
     return cubin, symbols[0], ptx_isa
+
+
+@contextlib.contextmanager
+def _emptied(folder: Path):
+    """``folder``, created empty (whatever a killed compile left there removed) and removed afterwards."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _ptx_isa_version(dump_dir: Path) -> str:
@@ -174,14 +189,23 @@ def _fixed_root() -> Path:
     return root
 
 
+def _child_environment(root: Path) -> dict:
+    """The whole environment of a compile in ``root``: nothing of the caller's, whose size alone moves the child's heap
+    (a longer ``PWD``, which the shell sets to the checkout, renumbered a cubin's registers)."""
+    return {"PYTHONPATH": str(root), "TMPDIR": tempfile.gettempdir(), "PYTHONHASHSEED": "0",
+            "PYTHONDONTWRITEBYTECODE": "1", "CUTE_DSL_DISABLE_FILE_CACHING": "1"}
+
+
 def _compile_in_a_fixed_root(argv: list[str]) -> int:
-    """The command line's compile (``argv``), run again in a child process that holds no path of the checkout: from
-    :func:`_fixed_root`, with output names fixed by the variant, without address-space randomization where the host
-    allows it (``toolchain.fixed_addresses_prefix``); then its outputs moved where ``argv`` asks. ptxas (in the DSL's
-    process) numbers registers by heap address in places, and the heap's layout follows the paths a process holds (its
-    checkout's, its outputs'), so otherwise one source gave two cubins, run to run and from checkout to checkout
-    (docs/PERF_NOTES.md, forty-fifth and forty-sixth sessions). The same interpreter and environment are still
-    needed for the same bytes. Returns the exit status (the child's; 1, the variant named, when the parent fails)."""
+    """The command line's compile (``argv``), run again in a child process that holds nothing of its caller: from
+    :func:`_fixed_root`, with output and dump names fixed by the variant, an environment of its own
+    (:func:`_child_environment`), pipes for its standard streams, and without address-space randomization where the
+    host allows it (``toolchain.fixed_addresses_prefix``); then its outputs moved where ``argv`` asks. ptxas (in the
+    DSL's process) numbers registers by heap address in places, and the heap's layout follows whatever sizes the
+    process's allocations (the paths and environment it holds), so otherwise one source gave two cubins, run to run
+    and from checkout to checkout (docs/PERF_NOTES.md, forty-fifth to forty-seventh sessions). The same interpreter,
+    user and temporary directory are still needed for the same bytes. Returns the exit status (the child's; 1, the
+    variant named, when the parent fails)."""
     args = _parser().parse_args(argv)
     name = f"{args.arch} {args.family} {args.constants}"
     try:
@@ -196,9 +220,14 @@ def _compile_in_a_fixed_root(argv: list[str]) -> int:
                    *(f"--experiment={e}" for e in args.experiment), *(["--ptxas-info"] if args.ptxas_info else [])]
         with open(root / "out" / f"{tag}.lock", "w") as lock:  # (two builds of one variant on this host at once)
             fcntl.flock(lock, fcntl.LOCK_EX)
-            status = subprocess.run(command, cwd=root, env={**os.environ, "PYTHONPATH": str(root), "PYTHONHASHSEED": "0",
-                                                            "PYTHONDONTWRITEBYTECODE": "1",
-                                                            "CUTE_DSL_DISABLE_FILE_CACHING": "1"}).returncode
+            # (its output through pipes, whatever the caller's are: a terminal's buffering sizes the heap as well)
+            child = subprocess.run(command, cwd=root, env=_child_environment(root), stdin=subprocess.DEVNULL,
+                                   capture_output=True)
+            sys.stdout.buffer.write(child.stdout)
+            sys.stdout.flush()
+            sys.stderr.buffer.write(child.stderr)
+            sys.stderr.flush()
+            status = child.returncode
             if status < 0:
                 raise RuntimeError(f"the compile was killed by signal {-status}")
             if status != 0:
@@ -236,7 +265,11 @@ def main(argv=None) -> int:
     name = f"{args.arch} {variant_key(args.family, constants)}"
     start = time.perf_counter()
     try:
-        cubin, entry = compile_variant(args.family, constants, args.arch, args.experiment, args.ptxas_info)
+        # (in a fixed root, the PTX goes to a folder named by the variant rather than a random one: see
+        # _compile_in_a_fixed_root)
+        dump_dir = args.cubin.with_suffix(".dump") if args.in_fixed_root else None
+        cubin, entry = compile_variant(args.family, constants, args.arch, args.experiment, args.ptxas_info,
+                                       dump_dir)
     except Exception as exc:  # the build must name the variant whatever went wrong
         print(f"FAILED {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

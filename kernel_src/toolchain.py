@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -24,8 +25,12 @@ def compile_options(arch: str) -> str:
 def fixed_addresses_prefix() -> list[str]:
     """The command prefix that runs a process without address-space randomization (util-linux's ``setarch``, the
     machine named: older versions need it), or [] where it is missing or not allowed (a container's seccomp profile
-    may refuse the personality). See ``compile_variant._compile_in_a_fixed_root``: why compiles need it."""
-    prefix = ["setarch", platform.machine(), "-R"]
+    may refuse the personality). See ``compile_variant._compile_in_a_fixed_root``: why compiles need it. The path is
+    absolute: the compile's own environment has no ``PATH``."""
+    setarch = shutil.which("setarch")
+    if setarch is None:
+        return []
+    prefix = [setarch, platform.machine(), "-R"]
     try:
         return prefix if subprocess.run(prefix + ["true"], capture_output=True).returncode == 0 else []
     except OSError:

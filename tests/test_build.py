@@ -46,6 +46,20 @@ def test_arch_flags_checked(sm90):
         cubin_checks.check_arch(cubin, "sm_100a")
 
 
+def test_a_compile_holds_nothing_of_its_callers_environment(sm90, tmp_path, monkeypatch):
+    """The command line compiles in a child with an environment of its own: a caller's variable, or a longer ``PWD``
+    (the shell sets it to the checkout), would size the child's heap, by which ptxas numbers registers in places (a
+    ``PWD`` of 90 characters renumbered a cubin). The same variant compiled for such a caller is the same cubin."""
+    from kernel_src import compile_variant
+
+    mine = compile_variant._child_environment(tmp_path)
+    monkeypatch.setenv("PWD", "/elsewhere" * 20)
+    monkeypatch.setenv("MAMBA2_AOT_TEST_PADDING", "x" * 3000)
+    assert compile_variant._child_environment(tmp_path) == mine
+    assert not {"PWD", "MAMBA2_AOT_TEST_PADDING", "HOME", "PATH"} & set(mine)
+    assert _compile(tmp_path, "sm_90a")[0] == sm90[0]
+
+
 def test_ptxas_info_prints_ptxas_report_and_builds_the_same_cubin(sm90, tmp_path):
     """``compile_variant --ptxas-info`` (a developer's view of a failed check) prints what ptxas says of the variant,
     spills included, and the cubin is the one built without it."""

@@ -59,7 +59,7 @@ def fake_build(monkeypatch):
     monkeypatch.setattr(families, "kernel_class", classes.__getitem__)
     compiled = []
 
-    def fake_compile(kernel, params, arch, ptxas_info=False):
+    def fake_compile(kernel, params, arch, ptxas_info=False, dump_dir=None):
         compiled.append(kernel)
         return b"cubin of " + repr(sorted(kernel.enabled_experiments)).encode(), "kernel_fake", "8.8"
 
