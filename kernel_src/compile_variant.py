@@ -160,9 +160,10 @@ def _sources_digest(folder: Path) -> str:
 def _fixed_root() -> Path:
     """``$TMPDIR/mamba2_aot-<uid>/<digest>``: a copy of kernel_src at a path named by its sources (one per user, 0700),
     re-staged when missing or not what its name says (a partial copy, an edit, a cleaned temp directory, bytecode:
-    whether the child imports kernel_src from source or from bytecode changes its heap, so never the latter). Staged
-    beside it and renamed into place, so that concurrent compiles of the same sources agree on one. Raises
-    RuntimeError when the user's directory is not the user's own."""
+    whether the child imports kernel_src from source or from bytecode changes its heap, so never the latter). Checked
+    and staged under a lock per digest: a build's first compiles start together, and one that found the copy missing
+    must not replace the copy another has just made and compiles in. Raises RuntimeError when the user's directory is
+    not the user's own."""
     src = Path(__file__).resolve().parent
     digest = _sources_digest(src)
     base = Path(tempfile.gettempdir()) / f"mamba2_aot-{os.getuid()}"
@@ -171,21 +172,18 @@ def _fixed_root() -> Path:
         raise RuntimeError(f"{base} is not this user's own directory")
     root = base / digest
     copy = root / "kernel_src"
-    if copy.is_dir() and _sources_digest(copy) == digest and not (copy / "__pycache__").exists():
-        return root
-    stage = Path(tempfile.mkdtemp(dir=base, prefix="stage-"))
-    (stage / "kernel_src").mkdir()
-    (stage / "out").mkdir()
-    for source in src.glob("*.py"):
-        shutil.copy2(source, stage / "kernel_src" / source.name)
-    if root.exists():  # (not what its name says: set aside, then removed)
-        stale = Path(tempfile.mkdtemp(dir=base, prefix="stale-"))
-        os.replace(root, stale / "root")
-        shutil.rmtree(stale, ignore_errors=True)
-    try:
+    with open(base / f"{digest}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if copy.is_dir() and _sources_digest(copy) == digest and not (copy / "__pycache__").exists():
+            return root
+        if root.exists():  # (not what its name says: removed)
+            shutil.rmtree(root)
+        stage = Path(tempfile.mkdtemp(dir=base, prefix="stage-"))
+        (stage / "kernel_src").mkdir()
+        (stage / "out").mkdir()
+        for source in src.glob("*.py"):
+            shutil.copy2(source, stage / "kernel_src" / source.name)
         stage.rename(root)
-    except OSError:  # another compile renamed its copy first
-        shutil.rmtree(stage, ignore_errors=True)
     return root
 
 

@@ -60,6 +60,22 @@ def test_a_compile_holds_nothing_of_its_callers_environment(sm90, tmp_path, monk
     assert _compile(tmp_path, "sm_90a")[0] == sm90[0]
 
 
+def test_compiles_starting_together_share_one_fixed_root(tmp_path):
+    """A build's first compiles find the fixed root missing at once: each gets the same copy of kernel_src, and none
+    removes one that another already compiles in (a file each leaves in it survives them all)."""
+    script = ("import os, sys; from kernel_src import compile_variant as cv; root = cv._fixed_root(); "
+              "(root / 'out' / str(os.getpid())).touch(); print(root)")
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+             for _ in range(8)]
+    roots = {proc.communicate()[0].strip() for proc in procs}
+    assert all(proc.returncode == 0 for proc in procs) and len(roots) == 1, roots
+    root = Path(roots.pop())
+    assert sorted(int(f.name) for f in (root / "out").iterdir()) == sorted(proc.pid for proc in procs)
+    assert sorted(f.name for f in (root / "kernel_src").iterdir()) == sorted(
+        f.name for f in (ROOT / "kernel_src").glob("*.py"))
+
+
 def test_ptxas_info_prints_ptxas_report_and_builds_the_same_cubin(sm90, tmp_path):
     """``compile_variant --ptxas-info`` (a developer's view of a failed check) prints what ptxas says of the variant,
     spills included, and the cubin is the one built without it."""
