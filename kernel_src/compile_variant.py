@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import fcntl
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
@@ -157,6 +158,35 @@ def _sources_digest(folder: Path) -> str:
     return hashlib.sha256(b"".join(p.name.encode() + b"\0" + p.read_bytes() for p in files)).hexdigest()[:16]
 
 
+def _user_directory() -> Path:
+    """``$TMPDIR/mamba2_aot-<uid>``, the user's own (0700); RuntimeError when it is not."""
+    base = Path(tempfile.gettempdir()) / f"mamba2_aot-{os.getuid()}"
+    base.mkdir(mode=0o700, exist_ok=True)
+    if base.is_symlink() or base.stat().st_uid != os.getuid():
+        raise RuntimeError(f"{base} is not this user's own directory")
+    return base
+
+
+def _fixed_interpreter() -> str:
+    """This interpreter, reached at a path named by what it holds rather than by where it lives: its virtual
+    environment through the link ``$TMPDIR/mamba2_aot-<uid>/python-<digest>``, named by the Python version and the
+    installed distributions. Where the environment lives is on the child's heap otherwise (its prefix, its ``sys.path``,
+    every module's file name): two virtual environments of the same requirements in two places built two cubins.
+    Outside a virtual environment: ``sys.executable``."""
+    if sys.prefix == sys.base_prefix:
+        return sys.executable
+    installed = sorted({f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()})
+    digest = hashlib.sha256("\n".join([sys.version, *installed]).encode()).hexdigest()[:16]
+    base = _user_directory()
+    link = base / f"python-{digest}"
+    if not (link / "pyvenv.cfg").is_file():  # (new, or its environment since removed: pointed at this one)
+        staged = base / f"python-{digest}.{os.getpid()}"
+        staged.unlink(missing_ok=True)
+        staged.symlink_to(sys.prefix, target_is_directory=True)
+        os.replace(staged, link)
+    return str(link / "bin" / "python")
+
+
 def _fixed_root() -> Path:
     """``$TMPDIR/mamba2_aot-<uid>/<digest>``: a copy of kernel_src at a path named by its sources (one per user, 0700),
     re-staged when missing or not what its name says (a partial copy, an edit, a cleaned temp directory, bytecode:
@@ -166,10 +196,7 @@ def _fixed_root() -> Path:
     not the user's own."""
     src = Path(__file__).resolve().parent
     digest = _sources_digest(src)
-    base = Path(tempfile.gettempdir()) / f"mamba2_aot-{os.getuid()}"
-    base.mkdir(mode=0o700, exist_ok=True)
-    if base.is_symlink() or base.stat().st_uid != os.getuid():
-        raise RuntimeError(f"{base} is not this user's own directory")
+    base = _user_directory()
     root = base / digest
     copy = root / "kernel_src"
     with open(base / f"{digest}.lock", "w") as lock:
@@ -196,14 +223,15 @@ def _child_environment(root: Path) -> dict:
 
 def _compile_in_a_fixed_root(argv: list[str]) -> int:
     """The command line's compile (``argv``), run again in a child process that holds nothing of its caller: from
-    :func:`_fixed_root`, with output and dump names fixed by the variant, an environment of its own
-    (:func:`_child_environment`), pipes for its standard streams, and without address-space randomization where the
-    host allows it (``toolchain.fixed_addresses_prefix``); then its outputs moved where ``argv`` asks. ptxas (in the
-    DSL's process) numbers registers by heap address in places, and the heap's layout follows whatever sizes the
-    process's allocations (the paths and environment it holds), so otherwise one source gave two cubins, run to run
-    and from checkout to checkout (docs/PERF_NOTES.md, forty-fifth to forty-seventh sessions). The same interpreter,
-    user and temporary directory are still needed for the same bytes. Returns the exit status (the child's; 1, the
-    variant named, when the parent fails)."""
+    :func:`_fixed_root`, with output and dump names fixed by the variant, this interpreter at a fixed path
+    (:func:`_fixed_interpreter`), an environment of its own (:func:`_child_environment`), pipes for its standard
+    streams, and without address-space randomization where the host allows it (``toolchain.fixed_addresses_prefix``);
+    then its outputs moved where ``argv`` asks. ptxas (in the DSL's process) numbers registers by heap address in
+    places, and the heap's layout follows whatever sizes the process's allocations (the paths and environment it
+    holds), so otherwise one source gave two cubins, run to run and from checkout to checkout (docs/PERF_NOTES.md,
+    forty-fifth to forty-seventh sessions). The same Python and packages, user and temporary directory are still
+    needed for the same bytes, wherever the checkout and the virtual environment live. Returns the exit status (the
+    child's; 1, the variant named, when the parent fails)."""
     args = _parser().parse_args(argv)
     name = f"{args.arch} {args.family} {args.constants}"
     try:
@@ -212,7 +240,7 @@ def _compile_in_a_fixed_root(argv: list[str]) -> int:
         tag = hashlib.sha256(json.dumps([args.family, args.constants, args.arch, args.experiment]).encode()
                              ).hexdigest()[:16]
         cubin, meta = root / "out" / f"{tag}.cubin", root / "out" / f"{tag}.json"
-        command = [*toolchain.fixed_addresses_prefix(), sys.executable, "-m", "kernel_src.compile_variant",
+        command = [*toolchain.fixed_addresses_prefix(), _fixed_interpreter(), "-m", "kernel_src.compile_variant",
                    "--in-fixed-root", "--family", args.family, "--constants", args.constants, "--arch",
                    args.arch, "--cubin", str(cubin.relative_to(root)), "--meta", str(meta.relative_to(root)),
                    *(f"--experiment={e}" for e in args.experiment), *(["--ptxas-info"] if args.ptxas_info else [])]

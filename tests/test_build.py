@@ -60,6 +60,20 @@ def test_a_compile_holds_nothing_of_its_callers_environment(sm90, tmp_path, monk
     assert _compile(tmp_path, "sm_90a")[0] == sm90[0]
 
 
+@pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="runs from a virtual environment")
+def test_a_compile_runs_one_interpreter_path_wherever_the_environment_lives(tmp_path):
+    """The compile child runs this virtual environment's Python through a link named by what it holds: reached from
+    another place (here a link to it), the child's interpreter path is the same (where the environment lives would be
+    on the child's heap otherwise: two environments of the same requirements in two places built two cubins)."""
+    elsewhere = tmp_path / "the_same_environment_elsewhere"
+    elsewhere.symlink_to(sys.prefix, target_is_directory=True)
+    script = "from kernel_src import compile_variant as cv; print(cv._fixed_interpreter())"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    paths = {subprocess.run([python, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
+             for python in (sys.executable, str(elsewhere / "bin" / "python"))}
+    assert len(paths) == 1 and str(elsewhere) not in paths.pop()
+
+
 def test_compiles_starting_together_share_one_fixed_root(tmp_path):
     """A build's first compiles find the fixed root missing at once: each gets the same copy of kernel_src, and none
     removes one that another already compiles in (a file each leaves in it survives them all)."""
