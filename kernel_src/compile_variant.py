@@ -179,7 +179,7 @@ def _fixed_interpreter() -> str:
     digest = hashlib.sha256("\n".join([sys.version, *installed]).encode()).hexdigest()[:16]
     base = _user_directory()
     link = base / f"python-{digest}"
-    if not (link / "pyvenv.cfg").is_file():  # (new, or its environment since removed: pointed at this one)
+    if link.resolve() != Path(sys.prefix).resolve():  # (new, or another environment's of the same packages)
         staged = base / f"python-{digest}.{os.getpid()}"
         staged.unlink(missing_ok=True)
         staged.symlink_to(sys.prefix, target_is_directory=True)
