@@ -8,8 +8,9 @@ Run once per variant, in its own process (``cute.compile`` is not thread-safe)::
 
 The metadata JSON holds the variant's manifest entry (everything but the path prefix). Any failure
 prints the variant's name and exits non-zero, leaving no output files behind. The command line compiles in a child
-process that holds no path of the checkout, without address-space randomization (``_compile_in_a_fixed_root``: ptxas'
-register numbering followed heap addresses); ``main`` compiles in its own process.
+process that holds nothing of its checkout, virtual environment or shell, without address-space randomization
+(``_compile_in_a_fixed_root``: ptxas' register numbering followed heap addresses); ``main`` compiles in its own
+process.
 
 ``--experiment NAME`` (repeatable) turns on a build experiment in the kernel classes that declare it (their
 ``experiments`` class attribute; the kernel code asks ``families.experiment_enabled``). A variant built with one is marked
@@ -21,7 +22,6 @@ import argparse
 import contextlib
 import fcntl
 import hashlib
-import importlib.metadata
 import json
 import os
 import re
@@ -159,31 +159,32 @@ def _sources_digest(folder: Path) -> str:
 
 
 def _user_directory() -> Path:
-    """``$TMPDIR/mamba2_aot-<uid>``, the user's own (0700); RuntimeError when it is not."""
+    """``$TMPDIR/mamba2_aot-<uid>``, the user's own and no one else's to write (0700): the interpreter link and the
+    sources in it are run. RuntimeError when it is not."""
     base = Path(tempfile.gettempdir()) / f"mamba2_aot-{os.getuid()}"
     base.mkdir(mode=0o700, exist_ok=True)
-    if base.is_symlink() or base.stat().st_uid != os.getuid():
-        raise RuntimeError(f"{base} is not this user's own directory")
+    info = base.lstat()
+    if base.is_symlink() or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise RuntimeError(f"{base} is not this user's own directory, closed to others (0700): remove it")
     return base
 
 
 def _fixed_interpreter() -> str:
-    """This interpreter, reached at a path named by what it holds rather than by where it lives: its virtual
-    environment through the link ``$TMPDIR/mamba2_aot-<uid>/python-<digest>``, named by the Python version and the
-    installed distributions. Where the environment lives is on the child's heap otherwise (its prefix, its ``sys.path``,
-    every module's file name): two virtual environments of the same requirements in two places built two cubins.
-    Outside a virtual environment: ``sys.executable``."""
+    """This interpreter at a path whose length does not depend on where its virtual environment lives: through the
+    link ``$TMPDIR/mamba2_aot-<uid>/python-<digest of the environment's real path>``. The environment's path is on
+    the child's heap otherwise (its prefix, its ``sys.path``, every module's file name): two virtual environments of
+    the same requirements in two places built two cubins. One link per environment, so no build re-points one that
+    another compiles through. Outside a virtual environment: ``sys.executable``."""
     if sys.prefix == sys.base_prefix:
         return sys.executable
-    installed = sorted({f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()})
-    digest = hashlib.sha256("\n".join([sys.version, *installed]).encode()).hexdigest()[:16]
+    environment = Path(sys.prefix).resolve()
     base = _user_directory()
-    link = base / f"python-{digest}"
-    if link.resolve() != Path(sys.prefix).resolve():  # (new, or another environment's of the same packages)
-        staged = base / f"python-{digest}.{os.getpid()}"
-        staged.unlink(missing_ok=True)
-        staged.symlink_to(sys.prefix, target_is_directory=True)
-        os.replace(staged, link)
+    link = base / f"python-{hashlib.sha256(str(environment).encode()).hexdigest()[:16]}"
+    if link.resolve() != environment:  # (new, or left dangling by a removed environment)
+        staging = Path(tempfile.mkdtemp(dir=base, prefix="link-"))
+        (staging / "python").symlink_to(environment, target_is_directory=True)
+        os.replace(staging / "python", link)
+        staging.rmdir()
     return str(link / "bin" / "python")
 
 
@@ -214,24 +215,30 @@ def _fixed_root() -> Path:
     return root
 
 
+# What a compile keeps of its caller's environment, where set: where this host's Python finds its libraries and its
+# user site (the same from build to build on one host).
+_HOST_VARIABLES = ("LD_LIBRARY_PATH", "PYTHONUSERBASE")
+
+
 def _child_environment(root: Path) -> dict:
-    """The whole environment of a compile in ``root``: nothing of the caller's, whose size alone moves the child's heap
-    (a longer ``PWD``, which the shell sets to the checkout, renumbered a cubin's registers)."""
-    return {"PYTHONPATH": str(root), "TMPDIR": tempfile.gettempdir(), "PYTHONHASHSEED": "0",
+    """The whole environment of a compile in ``root``: little of the caller's (``_HOST_VARIABLES``), whose size moves
+    the child's heap (a longer ``PWD``, which the shell sets to the checkout, renumbered a cubin's registers)."""
+    return {**{name: os.environ[name] for name in _HOST_VARIABLES if name in os.environ},
+            "PYTHONPATH": str(root), "TMPDIR": tempfile.gettempdir(), "PYTHONHASHSEED": "0",
             "PYTHONDONTWRITEBYTECODE": "1", "CUTE_DSL_DISABLE_FILE_CACHING": "1"}
 
 
 def _compile_in_a_fixed_root(argv: list[str]) -> int:
-    """The command line's compile (``argv``), run again in a child process that holds nothing of its caller: from
-    :func:`_fixed_root`, with output and dump names fixed by the variant, this interpreter at a fixed path
-    (:func:`_fixed_interpreter`), an environment of its own (:func:`_child_environment`), pipes for its standard
-    streams, and without address-space randomization where the host allows it (``toolchain.fixed_addresses_prefix``);
-    then its outputs moved where ``argv`` asks. ptxas (in the DSL's process) numbers registers by heap address in
-    places, and the heap's layout follows whatever sizes the process's allocations (the paths and environment it
-    holds), so otherwise one source gave two cubins, run to run and from checkout to checkout (docs/PERF_NOTES.md,
-    forty-fifth to forty-seventh sessions). The same Python and packages, user and temporary directory are still
-    needed for the same bytes, wherever the checkout and the virtual environment live. Returns the exit status (the
-    child's; 1, the variant named, when the parent fails)."""
+    """The command line's compile (``argv``), run again in a child process that holds nothing of its checkout,
+    virtual environment or shell: from :func:`_fixed_root`, with output and dump names fixed by the variant, this
+    interpreter through a link (:func:`_fixed_interpreter`), an environment of its own (:func:`_child_environment`),
+    pipes for its standard streams, and without address-space randomization where the host allows it
+    (``toolchain.fixed_addresses_prefix``); then its outputs moved where ``argv`` asks. ptxas (in the DSL's process)
+    numbers registers by heap address in places, and where the heap puts things depends on the size of everything the
+    process allocates before, paths and environment included: otherwise one source gave two cubins, run to run and
+    from checkout to checkout (docs/PERF_NOTES.md, forty-fifth to forty-seventh sessions). The same bytes still need
+    the same sources, Python and packages, user and ``$TMPDIR``. Returns the exit status (the child's; 1, the variant
+    named, when the parent fails or the child dies before naming it)."""
     args = _parser().parse_args(argv)
     name = f"{args.arch} {args.family} {args.constants}"
     try:
@@ -246,18 +253,20 @@ def _compile_in_a_fixed_root(argv: list[str]) -> int:
                    *(f"--experiment={e}" for e in args.experiment), *(["--ptxas-info"] if args.ptxas_info else [])]
         with open(root / "out" / f"{tag}.lock", "w") as lock:  # (two builds of one variant on this host at once)
             fcntl.flock(lock, fcntl.LOCK_EX)
-            # (its output through pipes, whatever the caller's are: a terminal's buffering sizes the heap as well)
+            # Output through pipes, whatever the caller's are (a terminal's buffering sizes the heap as well); the lock
+            # passed on, so that a child outliving a killed parent still holds it.
             child = subprocess.run(command, cwd=root, env=_child_environment(root), stdin=subprocess.DEVNULL,
-                                   capture_output=True)
-            sys.stdout.buffer.write(child.stdout)
-            sys.stdout.flush()
-            sys.stderr.buffer.write(child.stderr)
-            sys.stderr.flush()
+                                   capture_output=True, pass_fds=(lock.fileno(),))
+            for stream, text in ((sys.stderr, child.stderr), (sys.stdout, child.stdout)):  # (notes before the result)
+                stream.buffer.write(text)
+                stream.flush()
             status = child.returncode
             if status < 0:
                 raise RuntimeError(f"the compile was killed by signal {-status}")
             if status != 0:
-                return status  # (the child named the variant)
+                if b"FAILED " not in child.stderr:  # (it died before it could name the variant)
+                    print(f"FAILED {name}: the compile exited with status {status}", file=sys.stderr)
+                return status
             made = cubin.read_bytes(), meta.read_bytes()
             cubin.unlink()
             meta.unlink()

@@ -30,7 +30,7 @@ def fixed_addresses_prefix() -> list[str]:
     setarch = shutil.which("setarch")
     if setarch is None:
         return []
-    prefix = [setarch, platform.machine(), "-R"]
+    prefix = [os.path.abspath(setarch), platform.machine(), "-R"]
     try:
         return prefix if subprocess.run(prefix + ["true"], capture_output=True).returncode == 0 else []
     except OSError:

@@ -61,17 +61,46 @@ def test_a_compile_holds_nothing_of_its_callers_environment(sm90, tmp_path, monk
 
 
 @pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="runs from a virtual environment")
-def test_a_compile_runs_one_interpreter_path_wherever_the_environment_lives(tmp_path):
-    """The compile child runs this virtual environment's Python through a link named by what it holds: reached from
-    another place (here a link to it), the child's interpreter path is the same (where the environment lives would be
-    on the child's heap otherwise: two environments of the same requirements in two places built two cubins)."""
+def test_a_compile_runs_one_interpreter_path_wherever_the_environment_is_reached_from(tmp_path):
+    """The compile child runs this virtual environment's Python through a link named by the environment's real path:
+    reached from another place (here a link to it), the child's interpreter path is the same one, of a length that
+    does not depend on where the environment lives (which would be on the child's heap otherwise)."""
     elsewhere = tmp_path / "the_same_environment_elsewhere"
     elsewhere.symlink_to(sys.prefix, target_is_directory=True)
     script = "from kernel_src import compile_variant as cv; print(cv._fixed_interpreter())"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
     paths = {subprocess.run([python, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
              for python in (sys.executable, str(elsewhere / "bin" / "python"))}
-    assert len(paths) == 1 and str(elsewhere) not in paths.pop()
+    assert len(paths) == 1
+    path = paths.pop().strip()
+    assert path.startswith(str(tmp_path / f"mamba2_aot-{os.getuid()}" / "python-")) and os.access(path, os.X_OK)
+
+
+def test_the_compile_child_is_started_with_its_own_environment_interpreter_and_pipes(tmp_path, monkeypatch):
+    """Where the command line starts its child: with exactly :func:`_child_environment`, the interpreter through its
+    link, no standard input and its output piped (the cubin comparison above cannot see a leak there: the cumsum's
+    register numbering does not move with the environment, an inline N 64 variant's did)."""
+    from kernel_src import compile_variant
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(compile_variant.tempfile, "tempdir", None)
+    monkeypatch.setenv("MAMBA2_AOT_TEST_PADDING", "x" * 3000)
+    started = []
+
+    def run(command, **kwargs):
+        started.append((command, kwargs))
+        return subprocess.CompletedProcess(command, 3, b"", b"")
+
+    monkeypatch.setattr(compile_variant.subprocess, "run", run)
+    monkeypatch.setattr(toolchain, "fixed_addresses_prefix", lambda: ["setarch-stand-in"])
+    status = compile_variant._compile_in_a_fixed_root(["--family", FAMILY, "--constants", json.dumps(CONSTANTS),
+                                                       "--arch", "sm_90a", "--cubin", "x.cubin", "--meta", "x.json"])
+    assert status == 3 and len(started) == 1
+    command, kwargs = started[0]
+    root = compile_variant._fixed_root()
+    assert command[:2] == ["setarch-stand-in", compile_variant._fixed_interpreter()]
+    assert kwargs["env"] == compile_variant._child_environment(root) and kwargs["cwd"] == root
+    assert kwargs["stdin"] == subprocess.DEVNULL and kwargs["capture_output"]
 
 
 def test_compiles_starting_together_share_one_fixed_root(tmp_path):
