@@ -7,10 +7,9 @@ Run once per variant, in its own process (``cute.compile`` is not thread-safe)::
         --cubin build/stage/mamba2_aot_cubins_sm90/cubins/X.cubin --meta build/meta/sm_90a/X.json
 
 The metadata JSON holds the variant's manifest entry (everything but the path prefix). Any failure
-prints the variant's name and exits non-zero, leaving no output files behind. The command line compiles in a child
-process that holds nothing of its checkout, virtual environment or shell, without address-space randomization
-(``_compile_in_a_fixed_root``: ptxas' register numbering followed heap addresses); ``main`` compiles in its own
-process.
+prints the variant's name and exits non-zero, leaving no output files behind. This compiles in the calling process,
+whose paths and environment can renumber a cubin's registers; the build runs it through
+``build_tools.reproducible_compile`` (same arguments), which compiles it in a child that holds none of them.
 
 ``--experiment NAME`` (repeatable) turns on a build experiment in the kernel classes that declare it (their
 ``experiments`` class attribute; the kernel code asks ``families.experiment_enabled``). A variant built with one is marked
@@ -20,13 +19,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -145,140 +142,14 @@ def _ptx_isa_version(dump_dir: Path) -> str:
     return match.group(1)
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
 
 
-def _sources_digest(folder: Path) -> str:
-    """16 hex digits of the sha256 of ``folder``'s Python sources (names and bytes)."""
-    files = sorted(folder.glob("*.py"))
-    return hashlib.sha256(b"".join(p.name.encode() + b"\0" + p.read_bytes() for p in files)).hexdigest()[:16]
-
-
-def _user_directory() -> Path:
-    """``$TMPDIR/mamba2_aot-<uid>``, the user's own and no one else's to write (0700): the interpreter link and the
-    sources in it are run. RuntimeError when it is not."""
-    base = Path(tempfile.gettempdir()) / f"mamba2_aot-{os.getuid()}"
-    base.mkdir(mode=0o700, exist_ok=True)
-    info = base.lstat()
-    if base.is_symlink() or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise RuntimeError(f"{base} is not this user's own directory, closed to others (0700): remove it")
-    return base
-
-
-def _fixed_interpreter() -> str:
-    """This interpreter at a path whose length does not depend on where its virtual environment lives: through the
-    link ``$TMPDIR/mamba2_aot-<uid>/python-<digest of the environment's real path>``. The environment's path is on
-    the child's heap otherwise (its prefix, its ``sys.path``, every module's file name): two virtual environments of
-    the same requirements in two places built two cubins. One link per environment, so no build re-points one that
-    another compiles through. Outside a virtual environment: ``sys.executable``."""
-    if sys.prefix == sys.base_prefix:
-        return sys.executable
-    environment = Path(sys.prefix).resolve()
-    base = _user_directory()
-    link = base / f"python-{hashlib.sha256(str(environment).encode()).hexdigest()[:16]}"
-    if link.resolve() != environment:  # (new, or left dangling by a removed environment)
-        staging = Path(tempfile.mkdtemp(dir=base, prefix="link-"))
-        (staging / "python").symlink_to(environment, target_is_directory=True)
-        os.replace(staging / "python", link)
-        staging.rmdir()
-    return str(link / "bin" / "python")
-
-
-def _fixed_root() -> Path:
-    """``$TMPDIR/mamba2_aot-<uid>/<digest>``: a copy of kernel_src at a path named by its sources (one per user, 0700),
-    re-staged when missing or not what its name says (a partial copy, an edit, a cleaned temp directory, bytecode:
-    whether the child imports kernel_src from source or from bytecode changes its heap, so never the latter). Checked
-    and staged under a lock per digest: a build's first compiles start together, and one that found the copy missing
-    must not replace the copy another has just made and compiles in. Raises RuntimeError when the user's directory is
-    not the user's own."""
-    src = Path(__file__).resolve().parent
-    digest = _sources_digest(src)
-    base = _user_directory()
-    root = base / digest
-    copy = root / "kernel_src"
-    with open(base / f"{digest}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if copy.is_dir() and _sources_digest(copy) == digest and not (copy / "__pycache__").exists():
-            return root
-        if root.exists():  # (not what its name says: removed)
-            shutil.rmtree(root)
-        stage = Path(tempfile.mkdtemp(dir=base, prefix="stage-"))
-        (stage / "kernel_src").mkdir()
-        (stage / "out").mkdir()
-        for source in src.glob("*.py"):
-            shutil.copy2(source, stage / "kernel_src" / source.name)
-        stage.rename(root)
-    return root
-
-
-# What a compile keeps of its caller's environment, where set: where this host's Python finds its libraries and its
-# user site (the same from build to build on one host).
-_HOST_VARIABLES = ("LD_LIBRARY_PATH", "PYTHONUSERBASE")
-
-
-def _child_environment(root: Path) -> dict:
-    """The whole environment of a compile in ``root``: little of the caller's (``_HOST_VARIABLES``), whose size moves
-    the child's heap (a longer ``PWD``, which the shell sets to the checkout, renumbered a cubin's registers)."""
-    return {**{name: os.environ[name] for name in _HOST_VARIABLES if name in os.environ},
-            "PYTHONPATH": str(root), "TMPDIR": tempfile.gettempdir(), "PYTHONHASHSEED": "0",
-            "PYTHONDONTWRITEBYTECODE": "1", "CUTE_DSL_DISABLE_FILE_CACHING": "1"}
-
-
-def _compile_in_a_fixed_root(argv: list[str]) -> int:
-    """The command line's compile (``argv``), run again in a child process that holds nothing of its checkout,
-    virtual environment or shell: from :func:`_fixed_root`, with output and dump names fixed by the variant, this
-    interpreter through a link (:func:`_fixed_interpreter`), an environment of its own (:func:`_child_environment`),
-    pipes for its standard streams, and without address-space randomization where the host allows it
-    (``toolchain.fixed_addresses_prefix``); then its outputs moved where ``argv`` asks. ptxas (in the DSL's process)
-    numbers registers by heap address in places, and where the heap puts things depends on the size of everything the
-    process allocates before, paths and environment included: otherwise one source gave two cubins, run to run and
-    from checkout to checkout (docs/PERF_NOTES.md, forty-fifth to forty-seventh sessions). The same bytes still need
-    the same sources, Python and packages, user and ``$TMPDIR``. Returns the exit status (the child's; 1, the variant
-    named, when the parent fails or the child dies before naming it)."""
-    args = _parser().parse_args(argv)
-    name = f"{args.arch} {args.family} {args.constants}"
-    try:
-        name = f"{args.arch} {variant_key(args.family, json.loads(args.constants))}"
-        root = _fixed_root()
-        tag = hashlib.sha256(json.dumps([args.family, args.constants, args.arch, args.experiment]).encode()
-                             ).hexdigest()[:16]
-        cubin, meta = root / "out" / f"{tag}.cubin", root / "out" / f"{tag}.json"
-        command = [*toolchain.fixed_addresses_prefix(), _fixed_interpreter(), "-m", "kernel_src.compile_variant",
-                   "--in-fixed-root", "--family", args.family, "--constants", args.constants, "--arch",
-                   args.arch, "--cubin", str(cubin.relative_to(root)), "--meta", str(meta.relative_to(root)),
-                   *(f"--experiment={e}" for e in args.experiment), *(["--ptxas-info"] if args.ptxas_info else [])]
-        with open(root / "out" / f"{tag}.lock", "w") as lock:  # (two builds of one variant on this host at once)
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            # Output through pipes, whatever the caller's are (a terminal's buffering sizes the heap as well); the lock
-            # passed on, so that a child outliving a killed parent still holds it.
-            child = subprocess.run(command, cwd=root, env=_child_environment(root), stdin=subprocess.DEVNULL,
-                                   capture_output=True, pass_fds=(lock.fileno(),))
-            for stream, text in ((sys.stderr, child.stderr), (sys.stdout, child.stdout)):  # (notes before the result)
-                stream.buffer.write(text)
-                stream.flush()
-            status = child.returncode
-            if status < 0:
-                raise RuntimeError(f"the compile was killed by signal {-status}")
-            if status != 0:
-                if b"FAILED " not in child.stderr:  # (it died before it could name the variant)
-                    print(f"FAILED {name}: the compile exited with status {status}", file=sys.stderr)
-                return status
-            made = cubin.read_bytes(), meta.read_bytes()
-            cubin.unlink()
-            meta.unlink()
-    except Exception as exc:  # the build must name the variant whatever went wrong
-        print(f"FAILED {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    _write_atomically(args.cubin, made[0])
-    _write_atomically(args.meta, made[1])
-    return 0
-
-
-def _parser() -> argparse.ArgumentParser:
+def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", required=True)
     parser.add_argument("--constants", required=True, help="JSON object of the variant's constants")
@@ -289,27 +160,25 @@ def _parser() -> argparse.ArgumentParser:
                         help="a build experiment to turn on where the family implements it (repeatable)")
     parser.add_argument("--ptxas-info", action="store_true",
                         help="print ptxas' report and remarks (spills, why it serializes warpgroup MMAs)")
-    parser.add_argument("--in-fixed-root", action="store_true", help=argparse.SUPPRESS)  # (the child's mark)
+    parser.add_argument("--dump-dir", type=Path,
+                        help="where the DSL leaves its PTX, emptied and removed (default: a new temporary directory)")
     return parser
 
 
 def main(argv=None) -> int:
     """The command line's compile, in this process."""
-    args = _parser().parse_args(argv)
+    args = argument_parser().parse_args(argv)
     constants = json.loads(args.constants)
     name = f"{args.arch} {variant_key(args.family, constants)}"
     start = time.perf_counter()
     try:
-        # (in a fixed root, the PTX goes to a folder named by the variant rather than a random one: see
-        # _compile_in_a_fixed_root)
-        dump_dir = args.cubin.with_suffix(".dump") if args.in_fixed_root else None
         cubin, entry = compile_variant(args.family, constants, args.arch, args.experiment, args.ptxas_info,
-                                       dump_dir)
+                                       args.dump_dir)
     except Exception as exc:  # the build must name the variant whatever went wrong
         print(f"FAILED {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    _write_atomically(args.cubin, cubin)
-    _write_atomically(args.meta, (json.dumps(entry, indent=1, sort_keys=True) + "\n").encode())
+    write_atomically(args.cubin, cubin)
+    write_atomically(args.meta, (json.dumps(entry, indent=1, sort_keys=True) + "\n").encode())
     unvalidated = f"  unvalidated: experiments {', '.join(entry['experiments'])}" if "experiments" in entry else ""
     print(f"compiled {name}  {time.perf_counter() - start:5.2f} s  {entry['registers']} regs  "
           f"{entry['size']} B{unvalidated}", flush=True)
@@ -317,4 +186,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main() if "--in-fixed-root" in sys.argv else _compile_in_a_fixed_root(sys.argv[1:]))
+    sys.exit(main())

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import platform
-import shutil
-import subprocess
 from pathlib import Path
 
 # Release builds: explicit target, keep the cubin, no line info (it embeds absolute source paths).
@@ -20,21 +17,6 @@ ARCH_TARGETS = {"sm80": "sm_80", "sm90": "sm_90a", "sm100": "sm_100a", "sm103": 
 
 def compile_options(arch: str) -> str:
     return _OPTIONS.format(arch=arch)
-
-
-def fixed_addresses_prefix() -> list[str]:
-    """The command prefix that runs a process without address-space randomization (util-linux's ``setarch``, the
-    machine named: older versions need it), or [] where it is missing or not allowed (a container's seccomp profile
-    may refuse the personality). See ``compile_variant._compile_in_a_fixed_root``: why compiles need it. The path is
-    absolute: the compile's own environment has no ``PATH``."""
-    setarch = shutil.which("setarch")
-    if setarch is None:
-        return []
-    prefix = [os.path.abspath(setarch), platform.machine(), "-R"]
-    try:
-        return prefix if subprocess.run(prefix + ["true"], capture_output=True).returncode == 0 else []
-    except OSError:
-        return []
 
 
 def compute_capability(arch: str) -> list[int]:

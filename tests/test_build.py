@@ -18,16 +18,17 @@ pytest.importorskip("cutlass", reason="the build tests need the CuTe DSL (requir
 pytest.importorskip("SCons", reason="the build tests need SCons (requirements/build.txt)")
 
 sys.path.insert(0, str(ROOT))
+from build_tools import reproducible_compile  # noqa: E402
 from kernel_src import cubin_checks, families, toolchain  # noqa: E402
 
 FAMILY, CONSTANTS = "ssd_chunk_cumsum", {"chunk_size": 64, "dt_dtype": "bf16"}
 
 
 def _compile(tmp_path, arch, family=FAMILY, constants=CONSTANTS, experiments=()):
-    """Compile one variant the way the build does (its own process); return (cubin bytes, manifest entry)."""
+    """Compile one variant the way the build does (a child of its own); return (cubin bytes, manifest entry)."""
     stem = "-".join([arch, family, *experiments])
     cubin, meta = tmp_path / f"{stem}.cubin", tmp_path / f"{stem}.json"
-    subprocess.run([sys.executable, "-m", "kernel_src.compile_variant", "--family", family,
+    subprocess.run([sys.executable, "-m", "build_tools.reproducible_compile", "--family", family,
                     "--constants", json.dumps(constants), "--arch", arch, "--cubin", str(cubin), "--meta", str(meta),
                     *[arg for name in experiments for arg in ("--experiment", name)]],
                    cwd=ROOT, check=True, capture_output=True, env={**os.environ, "CUTE_DSL_DISABLE_FILE_CACHING": "1"})
@@ -47,15 +48,13 @@ def test_arch_flags_checked(sm90):
 
 
 def test_a_compile_holds_nothing_of_its_callers_environment(sm90, tmp_path, monkeypatch):
-    """The command line compiles in a child with an environment of its own: a caller's variable, or a longer ``PWD``
-    (the shell sets it to the checkout), would size the child's heap, by which ptxas numbers registers in places (a
-    ``PWD`` of 90 characters renumbered a cubin). The same variant compiled for such a caller is the same cubin."""
-    from kernel_src import compile_variant
-
-    mine = compile_variant._child_environment(tmp_path)
+    """The build compiles in a child with an environment of its own: a caller's variable, or a longer ``PWD`` (the
+    shell sets it to the checkout), would size the child's heap, by which ptxas numbers registers in places (a ``PWD``
+    of 90 characters renumbered a cubin). The same variant compiled for such a caller is the same cubin."""
+    mine = reproducible_compile.child_environment(tmp_path)
     monkeypatch.setenv("PWD", "/elsewhere" * 20)
     monkeypatch.setenv("MAMBA2_AOT_TEST_PADDING", "x" * 3000)
-    assert compile_variant._child_environment(tmp_path) == mine
+    assert reproducible_compile.child_environment(tmp_path) == mine
     assert not {"PWD", "MAMBA2_AOT_TEST_PADDING", "HOME", "PATH"} & set(mine)
     assert _compile(tmp_path, "sm_90a")[0] == sm90[0]
 
@@ -67,7 +66,7 @@ def test_a_compile_runs_one_interpreter_path_wherever_the_environment_is_reached
     does not depend on where the environment lives (which would be on the child's heap otherwise)."""
     elsewhere = tmp_path / "the_same_environment_elsewhere"
     elsewhere.symlink_to(sys.prefix, target_is_directory=True)
-    script = "from kernel_src import compile_variant as cv; print(cv._fixed_interpreter())"
+    script = "from build_tools import reproducible_compile as rc; print(rc.fixed_interpreter())"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
     paths = {subprocess.run([python, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
              for python in (sys.executable, str(elsewhere / "bin" / "python"))}
@@ -77,13 +76,11 @@ def test_a_compile_runs_one_interpreter_path_wherever_the_environment_is_reached
 
 
 def test_the_compile_child_is_started_with_its_own_environment_interpreter_and_pipes(tmp_path, monkeypatch):
-    """Where the command line starts its child: with exactly :func:`_child_environment`, the interpreter through its
+    """Where the build starts its compile child: with exactly :func:`child_environment`, the interpreter through its
     link, no standard input and its output piped (the cubin comparison above cannot see a leak there: the cumsum's
     register numbering does not move with the environment, an inline N 64 variant's did)."""
-    from kernel_src import compile_variant
-
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setattr(compile_variant.tempfile, "tempdir", None)
+    monkeypatch.setattr(reproducible_compile.tempfile, "tempdir", None)
     monkeypatch.setenv("MAMBA2_AOT_TEST_PADDING", "x" * 3000)
     started = []
 
@@ -91,22 +88,22 @@ def test_the_compile_child_is_started_with_its_own_environment_interpreter_and_p
         started.append((command, kwargs))
         return subprocess.CompletedProcess(command, 3, b"", b"")
 
-    monkeypatch.setattr(compile_variant.subprocess, "run", run)
-    monkeypatch.setattr(toolchain, "fixed_addresses_prefix", lambda: ["setarch-stand-in"])
-    status = compile_variant._compile_in_a_fixed_root(["--family", FAMILY, "--constants", json.dumps(CONSTANTS),
-                                                       "--arch", "sm_90a", "--cubin", "x.cubin", "--meta", "x.json"])
+    monkeypatch.setattr(reproducible_compile.subprocess, "run", run)
+    monkeypatch.setattr(reproducible_compile, "fixed_addresses_prefix", lambda: ["setarch-stand-in"])
+    status = reproducible_compile.main(["--family", FAMILY, "--constants", json.dumps(CONSTANTS),
+                                        "--arch", "sm_90a", "--cubin", "x.cubin", "--meta", "x.json"])
     assert status == 3 and len(started) == 1
     command, kwargs = started[0]
-    root = compile_variant._fixed_root()
-    assert command[:2] == ["setarch-stand-in", compile_variant._fixed_interpreter()]
-    assert kwargs["env"] == compile_variant._child_environment(root) and kwargs["cwd"] == root
+    root = reproducible_compile.fixed_root()
+    assert command[:2] == ["setarch-stand-in", reproducible_compile.fixed_interpreter()]
+    assert kwargs["env"] == reproducible_compile.child_environment(root) and kwargs["cwd"] == root
     assert kwargs["stdin"] == subprocess.DEVNULL and kwargs["capture_output"]
 
 
 def test_compiles_starting_together_share_one_fixed_root(tmp_path):
     """A build's first compiles find the fixed root missing at once: each gets the same copy of kernel_src, and none
     removes one that another already compiles in (a file each leaves in it survives them all)."""
-    script = ("import os, sys; from kernel_src import compile_variant as cv; root = cv._fixed_root(); "
+    script = ("import os, sys; from build_tools import reproducible_compile as rc; root = rc.fixed_root(); "
               "(root / 'out' / str(os.getpid())).touch(); print(root)")
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
     procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
@@ -120,10 +117,10 @@ def test_compiles_starting_together_share_one_fixed_root(tmp_path):
 
 
 def test_ptxas_info_prints_ptxas_report_and_builds_the_same_cubin(sm90, tmp_path):
-    """``compile_variant --ptxas-info`` (a developer's view of a failed check) prints what ptxas says of the variant,
-    spills included, and the cubin is the one built without it."""
+    """``--ptxas-info`` (a developer's view of a failed check) prints what ptxas says of the variant, spills included,
+    and the cubin is the one built without it."""
     cubin, meta = tmp_path / "info.cubin", tmp_path / "info.json"
-    proc = subprocess.run([sys.executable, "-m", "kernel_src.compile_variant", "--family", FAMILY,
+    proc = subprocess.run([sys.executable, "-m", "build_tools.reproducible_compile", "--family", FAMILY,
                            "--constants", json.dumps(CONSTANTS), "--arch", "sm_90a", "--cubin", str(cubin),
                            "--meta", str(meta), "--ptxas-info"], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "CUTE_DSL_DISABLE_FILE_CACHING": "1"})
@@ -224,7 +221,7 @@ def test_a_head_too_large_for_the_chunk_kernel_is_walked_in_slices_of_P_and_part
 
 
 def test_failed_compile_names_the_variant(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "kernel_src.compile_variant", "--family", FAMILY,
+    proc = subprocess.run([sys.executable, "-m", "build_tools.reproducible_compile", "--family", FAMILY,
                            "--constants", json.dumps({"chunk_size": 96, "dt_dtype": "bf16"}), "--arch", "sm_90a",
                            "--cubin", str(tmp_path / "x.cubin"), "--meta", str(tmp_path / "x.json")],
                           cwd=ROOT, capture_output=True, text=True)
