@@ -27,7 +27,6 @@ import tempfile
 from pathlib import Path
 
 from kernel_src import compile_variant
-from kernel_src.families import variant_key
 
 KERNEL_SOURCES = Path(__file__).resolve().parent.parent / "kernel_src"
 
@@ -86,14 +85,14 @@ def fixed_interpreter() -> str:
     return str(link / "bin" / "python")
 
 
-def fixed_root(sources: Path = KERNEL_SOURCES) -> Path:
-    """``$TMPDIR/mamba2_aot-<uid>/<digest>``: a copy of ``sources`` (kernel_src) at a path named by its contents (one
+def fixed_root() -> Path:
+    """``$TMPDIR/mamba2_aot-<uid>/<digest>``: a copy of kernel_src at a path named by its contents (one
     per user, 0700), re-staged when missing or not what its name says (a partial copy, an edit, a cleaned temp
     directory, bytecode: whether the child imports kernel_src from source or from bytecode changes its heap, so never
     the latter). Checked and staged under a lock per digest: a build's first compiles start together, and one that
     found the copy missing must not replace the copy another has just made and compiles in. Raises RuntimeError
     when the user's directory is not the user's own."""
-    digest = _sources_digest(sources)
+    digest = _sources_digest(KERNEL_SOURCES)
     base = _user_directory()
     root = base / digest
     copy = root / "kernel_src"
@@ -106,7 +105,7 @@ def fixed_root(sources: Path = KERNEL_SOURCES) -> Path:
         stage = Path(tempfile.mkdtemp(dir=base, prefix="stage-"))
         (stage / "kernel_src").mkdir()
         (stage / "out").mkdir()
-        for source in sources.glob("*.py"):
+        for source in KERNEL_SOURCES.glob("*.py"):
             shutil.copy2(source, stage / "kernel_src" / source.name)
         stage.rename(root)
     return root
@@ -129,10 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     ``$TMPDIR`` (two virtual environments of one requirements file gave a few cubins in another register numbering).
     Returns the exit status (the child's; 1, the variant named, when this process fails or the child dies before
     naming it)."""
-    args = compile_variant.argument_parser().parse_args(argv)
-    name = f"{args.arch} {args.family} {args.constants}"
+    parser = compile_variant.argument_parser()
+    args = parser.parse_args(argv)
+    if args.dump_dir is not None:
+        parser.error("--dump-dir is the compile child's: its PTX goes to a folder named by the variant")
+    name = compile_variant.command_line_name(args)
     try:
-        name = f"{args.arch} {variant_key(args.family, json.loads(args.constants))}"
         root = fixed_root()
         tag = hashlib.sha256(json.dumps([args.family, args.constants, args.arch, args.experiment]).encode()
                              ).hexdigest()[:16]
@@ -143,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                    *(f"--experiment={e}" for e in args.experiment), *(["--ptxas-info"] if args.ptxas_info else [])]
         with open(root / "out" / f"{tag}.lock", "w") as lock:  # (two builds of one variant on this host at once)
             fcntl.flock(lock, fcntl.LOCK_EX)
+            shutil.rmtree(root / dump, ignore_errors=True)  # (left by a killed compile; the child makes it anew)
             # Output through pipes, whatever the caller's are (a terminal's buffering sizes the heap as well); the lock
             # passed on, so that a child outliving a killed parent still holds it.
             child = subprocess.run(command, cwd=root, env=child_environment(root), stdin=subprocess.DEVNULL,

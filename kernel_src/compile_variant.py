@@ -38,7 +38,8 @@ def compile_variant(family: str, constants: dict, arch: str, experiments=(), ptx
     """Compile and check one variant, with those of the requested ``experiments`` its class implements; return the
     cubin bytes and its manifest entry. ``ptxas_info``: also print what ptxas says of it (``-v``: registers, spills;
     its remarks, such as the C75xx reasons it serializes warpgroup MMAs), a developer's view of a failed check.
-    ``dump_dir``: where the DSL leaves its PTX, emptied and removed (default: a new temporary directory)."""
+    ``dump_dir``: a folder, not yet there, where the DSL leaves its PTX, removed afterwards (default: a new temporary
+    directory)."""
     def build(min_ctas_per_sm=None):
         kernel = new_kernel(family, constants, arch, experiments)
         if min_ctas_per_sm is not None:
@@ -110,7 +111,7 @@ def _compile(kernel, params, arch: str, ptxas_info: bool = False, dump_dir: Path
 
     placeholders = [abi.placeholder(p) for p in params]
     report = " warnings remarks{ptx} --ptxas-options=-v" if ptxas_info else ""
-    with _emptied(dump_dir) if dump_dir is not None else tempfile.TemporaryDirectory() as dump:
+    with _new_folder(dump_dir) if dump_dir is not None else tempfile.TemporaryDirectory() as dump:
         compiled = cute.compile(kernel, tuple(placeholders), cuda.CUstream(0),
                                 options=f"{toolchain.compile_options(arch)} --keep-ptx --dump-dir {dump}{report}")
         cubin = compiled.__cubin__
@@ -124,9 +125,9 @@ def _compile(kernel, params, arch: str, ptxas_info: bool = False, dump_dir: Path
 
 
 @contextlib.contextmanager
-def _emptied(folder: Path):
-    """``folder``, created empty (whatever a killed compile left there removed) and removed afterwards."""
-    shutil.rmtree(folder, ignore_errors=True)
+def _new_folder(folder: Path):
+    """``folder``, created (FileExistsError when it is there already: nothing of the caller's is removed) and removed
+    afterwards."""
     folder.mkdir(parents=True)
     try:
         yield folder
@@ -161,19 +162,28 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ptxas-info", action="store_true",
                         help="print ptxas' report and remarks (spills, why it serializes warpgroup MMAs)")
     parser.add_argument("--dump-dir", type=Path,
-                        help="where the DSL leaves its PTX, emptied and removed (default: a new temporary directory)")
+                        help="a folder, not yet there, for the DSL's PTX, removed afterwards (default: a new temporary "
+                             "directory)")
     return parser
+
+
+def command_line_name(args: argparse.Namespace) -> str:
+    """The variant the parsed command line asks for, as the build log names it (``sm_90a family[k=v,...]``), or its
+    raw arguments when its constants do not make a variant."""
+    try:
+        return f"{args.arch} {variant_key(args.family, json.loads(args.constants))}"
+    except Exception:  # (named for the FAILED line that follows)
+        return f"{args.arch} {args.family} {args.constants}"
 
 
 def main(argv=None) -> int:
     """The command line's compile, in this process."""
     args = argument_parser().parse_args(argv)
-    constants = json.loads(args.constants)
-    name = f"{args.arch} {variant_key(args.family, constants)}"
+    name = command_line_name(args)
     start = time.perf_counter()
     try:
-        cubin, entry = compile_variant(args.family, constants, args.arch, args.experiment, args.ptxas_info,
-                                       args.dump_dir)
+        cubin, entry = compile_variant(args.family, json.loads(args.constants), args.arch, args.experiment,
+                                       args.ptxas_info, args.dump_dir)
     except Exception as exc:  # the build must name the variant whatever went wrong
         print(f"FAILED {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -96,8 +96,31 @@ def test_the_compile_child_is_started_with_its_own_environment_interpreter_and_p
     command, kwargs = started[0]
     root = reproducible_compile.fixed_root()
     assert command[:2] == ["setarch-stand-in", reproducible_compile.fixed_interpreter()]
+    # the rest names nothing of the caller's (its paths would size the heap too): outputs and PTX under the root's
+    # out/, named by the variant
+    tag = Path(command[command.index("--cubin") + 1]).stem
+    assert re.fullmatch("[0-9a-f]{16}", tag)
+    assert command[2:] == ["-m", "kernel_src.compile_variant", "--family", FAMILY, "--constants", json.dumps(CONSTANTS),
+                           "--arch", "sm_90a", "--cubin", f"out/{tag}.cubin", "--meta", f"out/{tag}.json",
+                           "--dump-dir", f"out/{tag}.dump"]
     assert kwargs["env"] == reproducible_compile.child_environment(root) and kwargs["cwd"] == root
     assert kwargs["stdin"] == subprocess.DEVNULL and kwargs["capture_output"]
+
+
+def test_a_dump_folder_that_is_there_already_is_refused_and_kept(tmp_path, capsys):
+    """``--dump-dir`` takes a folder the compile makes and removes: one that is there already is not emptied (it may
+    be anything of the caller's); the compile fails, naming the variant, and writes nothing."""
+    from kernel_src import compile_variant
+
+    kept = tmp_path / "mine"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("the caller's")
+    status = compile_variant.main(["--family", FAMILY, "--constants", json.dumps(CONSTANTS), "--arch", "sm_90a",
+                                   "--cubin", str(tmp_path / "x.cubin"), "--meta", str(tmp_path / "x.json"),
+                                   "--dump-dir", str(kept)])
+    assert status == 1 and "FAILED sm_90a ssd_chunk_cumsum[" in capsys.readouterr().err
+    assert (kept / "notes.txt").read_text() == "the caller's"
+    assert not (tmp_path / "x.cubin").exists() and not (tmp_path / "x.json").exists()
 
 
 def test_compiles_starting_together_share_one_fixed_root(tmp_path):
@@ -228,6 +251,15 @@ def test_failed_compile_names_the_variant(tmp_path):
     assert proc.returncode != 0
     assert "FAILED sm_90a ssd_chunk_cumsum[chunk_size=96,dt_dtype=bf16]" in proc.stderr
     assert not (tmp_path / "x.cubin").exists() and not (tmp_path / "x.json").exists()
+
+
+def test_constants_that_do_not_parse_fail_naming_the_variant_as_given(tmp_path, capsys):
+    from kernel_src import compile_variant
+
+    status = compile_variant.main(["--family", FAMILY, "--constants", "{chunk_size: 64", "--arch", "sm_90a",
+                                   "--cubin", str(tmp_path / "x.cubin"), "--meta", str(tmp_path / "x.json")])
+    assert status == 1
+    assert "FAILED sm_90a ssd_chunk_cumsum {chunk_size: 64: JSONDecodeError" in capsys.readouterr().err
 
 
 _SPILLING_VERIFY = """
