@@ -11,7 +11,8 @@ Why: ptxas (in the DSL's process) numbers registers by heap address in places, a
 on the size of everything the process allocates before, paths and environment included. Compiled in place, one
 source gave two cubins, run to run and from checkout to checkout (docs/PERF_NOTES.md, forty-fifth to forty-eighth
 sessions). This module lives outside ``kernel_src``: the child runs from a copy of ``kernel_src`` named by its
-contents, so an edit here does not move that copy or what the child reads.
+contents, so an edit here leaves that copy and what the child reads as they are; an edit that changes the child's
+command line or environment can still renumber a sensitive cubin.
 """
 from __future__ import annotations
 

@@ -141,7 +141,7 @@ def test_compiles_starting_together_share_one_fixed_root(tmp_path):
 
 def test_ptxas_info_prints_ptxas_report_and_builds_the_same_cubin(sm90, tmp_path):
     """``--ptxas-info`` (a developer's view of a failed check) prints what ptxas says of the variant, spills included,
-    and the cubin is the one built without it."""
+    and the cubin is the one built without it (for this variant: an inline N 64 one may be renumbered)."""
     cubin, meta = tmp_path / "info.cubin", tmp_path / "info.json"
     proc = subprocess.run([sys.executable, "-m", "build_tools.reproducible_compile", "--family", FAMILY,
                            "--constants", json.dumps(CONSTANTS), "--arch", "sm_90a", "--cubin", str(cubin),
