@@ -50,10 +50,16 @@ def fixed_addresses_prefix() -> list[str]:
         return []
 
 
+def _short_digest(data: bytes) -> str:
+    """16 hex digits of ``data``'s sha256: the names of what the user directory holds (fixed length, as the child's
+    paths must be)."""
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
 def _sources_digest(folder: Path) -> str:
-    """16 hex digits of the sha256 of ``folder``'s Python sources (names and bytes)."""
+    """The short digest of ``folder``'s Python sources (names and bytes)."""
     files = sorted(folder.glob("*.py"))
-    return hashlib.sha256(b"".join(p.name.encode() + b"\0" + p.read_bytes() for p in files)).hexdigest()[:16]
+    return _short_digest(b"".join(p.name.encode() + b"\0" + p.read_bytes() for p in files))
 
 
 def _user_directory() -> Path:
@@ -77,7 +83,7 @@ def fixed_interpreter() -> str:
         return sys.executable
     environment = Path(sys.prefix).resolve()
     base = _user_directory()
-    link = base / f"python-{hashlib.sha256(str(environment).encode()).hexdigest()[:16]}"
+    link = base / f"python-{_short_digest(str(environment).encode())}"
     if link.resolve() != environment:  # (new, or left dangling by a removed environment)
         staging = Path(tempfile.mkdtemp(dir=base, prefix="link-"))
         (staging / "python").symlink_to(environment, target_is_directory=True)
@@ -136,8 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     name = compile_variant.command_line_name(args)
     try:
         root = fixed_root()
-        tag = hashlib.sha256(json.dumps([args.family, args.constants, args.arch, args.experiment]).encode()
-                             ).hexdigest()[:16]
+        tag = _short_digest(json.dumps([args.family, args.constants, args.arch, args.experiment]).encode())
         cubin, meta, dump = (Path("out") / f"{tag}.{suffix}" for suffix in ("cubin", "json", "dump"))
         command = [*fixed_addresses_prefix(), fixed_interpreter(), "-m", "kernel_src.compile_variant",
                    "--family", args.family, "--constants", args.constants, "--arch", args.arch,
