@@ -6,13 +6,18 @@ Math (BRIEF §2; the layout of state-spaces/mamba's ``_chunk_cumsum_fwd``)::
     dt_out[b,h,c,t]    = Δ[b, c·Q + t, h]                          (0 past the end of the sequence)
     dA_cumsum[b,h,c,t] = Σ_{s ≤ t} Δ[b, c·Q + s, h] · A[h]        (flat past the end of the sequence)
 
-One warp per (chunk, batch row, head), HEADS_PER_CTA heads per CTA. The warp walks the chunk 32 positions
-at a time: a shuffle scan of each row of 32 plus the carry of the rows before it. No shared memory. At chunk size
-LOADS_FIRST_CHUNK the warp loads all its rows' dt first (at a position clamped into the sequence; Δ = 0 past its
-end): a row's load under its bound check, behind the stores before it (which might alias dt), waits its whole
-latency in turn, once per row (eight rows at 256). Measured on the H200 (docs/PERF_NOTES.md, ssd_chunk_cumsum): 8-43 %
-less time at chunk size 256 at the three reference (batch, L, H); 2-9 % more at 64 (B8 L4096 H80, B1 L8192 H128) and
-at 128 (B1 L8192 H128, the Nemotron-H shape), so those keep the row-by-row loads. The same source on every arch.
+One CTA per (chunk, batch row, HEADS_PER_CTA heads), in two phases split by one barrier:
+
+- the load: dt is (batch, L, heads) with the heads innermost, so the CTA reads its chunk as a (Q × 16 heads) tile,
+  each warp two rows of 16 heads (a 32-byte sector of bf16 / fp16 per row: one warp per head, reading one element
+  per row, fetched a sector for every two bytes and was slower than Triton's tile loads). Every thread issues all its
+  loads first, at positions clamped into the sequence, then computes Δ (0 past the end) into a shared (heads × Q)
+  tile, transposed;
+- the scan: each warp takes two heads and scans the tile's rows along Q, 32 positions at a time, all rows' shuffle
+  scans side by side, then the carries (the running sum of the rows' totals, in row order), and writes both outputs
+  along Q, 128 contiguous bytes per warp and row.
+
+Shuffle scan and carries are added in the order of one warp walking the chunk 32 positions at a time.
 """
 
 from __future__ import annotations
@@ -23,16 +28,21 @@ from cutlass import Float32
 
 from kernel_src.abi import bind, f32, i32, ptr, strides
 from kernel_src.families import expect_constants
-from kernel_src.ssm_math import delta_from_dt, warp_inclusive_scan
+from kernel_src.ssm_math import delta_from_dt, warp_inclusive_scans
 
 WARP = 32
-HEADS_PER_CTA = 4
-LOADS_FIRST_CHUNK = 256  # the chunk size whose warps load every row's dt before the first store (module docstring)
+WARPS = 8
+THREADS = WARPS * WARP
+HEADS_PER_CTA = 16  # a tile row of 16 heads: one 32-byte sector of bf16 / fp16 dt
+ROWS_PER_PASS = THREADS // HEADS_PER_CTA  # the tile rows the CTA loads per load instruction
+# The shared tile's rows (one per head) padded by two words: a warp's stores (two positions × 16 heads) then fall in
+# 32 different banks; the scan's loads are 32 consecutive words of one row.
+ROW_PAD = 2
 
 
 class ChunkCumsum:
     family = "ssd_chunk_cumsum"
-    grid_rule = "chunks,batch,heads/4"
+    grid_rule = "chunks,batch,heads/16"
     chunk_sizes = (64, 128, 256)
     dt_dtypes = ("bf16", "fp16", "fp32")
 
@@ -40,9 +50,9 @@ class ChunkCumsum:
         expect_constants(self, chunk_size=chunk_size, dt_dtype=dt_dtype)
         self.chunk_size = chunk_size
         self.dt_dtype = dt_dtype
-        self.block = (HEADS_PER_CTA * WARP, 1, 1)
+        self.block = (THREADS, 1, 1)
         self.cluster = (1, 1, 1)
-        self.dynamic_smem = 0
+        self.dynamic_smem = HEADS_PER_CTA * (chunk_size + ROW_PAD) * 4
 
     def params(self):
         """The flat parameter list, in kernel order (see kernel_src/abi.py)."""
@@ -64,44 +74,58 @@ class ChunkCumsum:
     @cute.kernel
     def kernel(self, args: tuple):
         a = bind(self.params(), args)
+        Q = self.chunk_size
         c, b, head_block = cute.arch.block_idx()
-        lane = cute.arch.lane_idx()
-        h = head_block * HEADS_PER_CTA + cute.arch.warp_idx()
+        tid, _, _ = cute.arch.thread_idx()
+        first_head = head_block * HEADS_PER_CTA
 
         # Int64 strides make every offset 64-bit: wide strided views (dt sliced from a fused projection).
         mdt = cute.make_tensor(a.dt, cute.make_layout((a.batch, a.seqlen, a.nheads), stride=(
             a.stride_dt_batch, a.stride_dt_seqlen, a.stride_dt_head)))
         mA = cute.make_tensor(a.A, cute.make_layout((a.nheads,), stride=(a.stride_A_head,)))
         mbias = cute.make_tensor(a.dt_bias, cute.make_layout((a.nheads,), stride=(a.stride_dt_bias_head,)))
-        out_shape = (a.batch, a.nheads, a.nchunks, self.chunk_size)
+        out_shape = (a.batch, a.nheads, a.nchunks, Q)
         mdt_out = cute.make_tensor(a.dt_out, cute.make_layout(out_shape, stride=(
             a.stride_dt_out_batch, a.stride_dt_out_head, a.stride_dt_out_chunk, a.stride_dt_out_pos)))
         mdA = cute.make_tensor(a.dA_cumsum, cute.make_layout(out_shape, stride=(
             a.stride_dA_cumsum_batch, a.stride_dA_cumsum_head, a.stride_dA_cumsum_chunk, a.stride_dA_cumsum_pos)))
+        smem = cutlass.utils.SmemAllocator()
+        tile = smem.allocate_tensor(Float32, cute.make_layout((HEADS_PER_CTA, Q), stride=(Q + ROW_PAD, 1)), 16)
 
-        if h < a.nheads:  # uniform per warp: the shuffles below stay converged
-            A_h = mA[h]
-            bias = Float32(0.0)
-            if a.has_dt_bias != 0:
-                bias = mbias[h]
-            rows = self.chunk_size // WARP
-            loads_first = self.chunk_size == LOADS_FIRST_CHUNK
-            raw = []
-            if cutlass.const_expr(loads_first):
-                last = a.seqlen - 1
-                raw = [mdt[b, cute.math.min(c * self.chunk_size + row * WARP + lane, last), h] for row in range(rows)]
-            carry = Float32(0.0)
-            for row in cutlass.range_constexpr(rows):
-                t = row * WARP + lane
-                pos = c * self.chunk_size + t
-                delta = Float32(0.0)
-                if cutlass.const_expr(loads_first):
-                    delta = Float32(cutlass.select_(pos < a.seqlen, delta_from_dt(
-                        raw[row].to(Float32), bias, a.dt_softplus, a.dt_min, a.dt_max), Float32(0.0)))
-                elif pos < a.seqlen:
-                    delta = delta_from_dt(mdt[b, pos, h].to(Float32), bias, a.dt_softplus, a.dt_min, a.dt_max)
-                # Past the end of the sequence Δ is exactly 0, so the cumsum stays flat (no 0·inf from A).
-                running = warp_inclusive_scan(delta * A_h, lane) + carry
-                carry = cute.arch.shuffle_sync(running, WARP - 1)
-                mdt_out[b, h, c, t] = delta
-                mdA[b, h, c, t] = running
+        # The load. Heads past nheads (the last tile of an nheads not a multiple of 16) read their last head's
+        # values, which no warp writes out.
+        column = tid % HEADS_PER_CTA
+        h = cute.math.min(first_head + column, a.nheads - 1)
+        bias = Float32(0.0)
+        if a.has_dt_bias != 0:
+            bias = mbias[h]
+        first_row = tid // HEADS_PER_CTA
+        last = a.seqlen - 1
+        raw = [mdt[b, cute.math.min(c * Q + first_row + k * ROWS_PER_PASS, last), h]
+               for k in range(Q // ROWS_PER_PASS)]
+        for k in cutlass.range_constexpr(Q // ROWS_PER_PASS):
+            t = first_row + k * ROWS_PER_PASS
+            # Past the end of the sequence Δ is exactly 0, so the cumsum stays flat (no 0·inf from A).
+            tile[column, t] = Float32(cutlass.select_(c * Q + t < a.seqlen, delta_from_dt(
+                raw[k].to(Float32), bias, a.dt_softplus, a.dt_min, a.dt_max), Float32(0.0)))
+        cute.arch.sync_threads()
+
+        # The scan: warp w takes the tile's heads w and w + WARPS.
+        warp = cute.arch.warp_idx()
+        lane = cute.arch.lane_idx()
+        rows = Q // WARP
+        columns = [warp + i * WARPS for i in range(HEADS_PER_CTA // WARPS)]
+        heads = [first_head + col for col in columns]
+        A_h = [mA[cute.math.min(head, a.nheads - 1)] for head in heads]
+        deltas = [tile[col, row * WARP + lane] for col in columns for row in range(rows)]
+        scans = warp_inclusive_scans([d * A_h[i // rows] for i, d in enumerate(deltas)], lane)
+        totals = [cute.arch.shuffle_sync(s, WARP - 1) for s in scans]
+        for i in cutlass.range_constexpr(len(heads)):
+            head = heads[i]
+            if head < a.nheads:  # uniform per warp
+                carry = Float32(0.0)
+                for row in cutlass.range_constexpr(rows):
+                    t = row * WARP + lane
+                    mdt_out[b, head, c, t] = deltas[i * rows + row]
+                    mdA[b, head, c, t] = scans[i * rows + row] + carry
+                    carry = carry + totals[i * rows + row]

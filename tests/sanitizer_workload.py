@@ -39,11 +39,13 @@ for pool_dtype in (torch.float32, torch.bfloat16):
         runtime.launch("verify", mode="compact", state=pool, out=torch.empty_like(x), **window,
                        num_accepted=torch.full((batch,), accepted, dtype=torch.int32, device=dev), **common)
 
-dt = torch.randn(2, 300, H, device=dev)
+# ssd_chunk_cumsum: 20 heads, a whole tile of 16 heads and a partial one
+dt = torch.randn(2, 300, 20, device=dev)
 for Q in (64, 256):
     nchunks = -(-300 // Q)
-    runtime.launch("ssd_chunk_cumsum", dt=dt, A=-torch.rand(H, device=dev), chunk_size=Q, dt_softplus=True,
-                   dt_out=torch.empty(2, H, nchunks, Q, device=dev), dA_cumsum=torch.empty(2, H, nchunks, Q, device=dev))
+    outputs = [torch.empty(2, 20, nchunks, Q, device=dev) for _ in range(2)]
+    runtime.launch("ssd_chunk_cumsum", dt=dt, A=-torch.rand(20, device=dev), chunk_size=Q, dt_softplus=True,
+                   dt_out=outputs[0], dA_cumsum=outputs[1])
 # ssd_fwd: a partial last block, packed sequences starting inside blocks (both forms) with pools in place, chunk
 # states, splits along L (few CTAs, a long row: a states-only pass, then the segments, entering states in the
 # workspace; or one launch with an inline pass), a handover (more CTAs than the GPU runs at once: segments handing

@@ -475,15 +475,17 @@ def test_the_chunk_kernels_products_ahead_experiment_builds_unvalidated_with_few
         assert kernel.enabled_experiments == frozenset() and not kernel.products_ahead
 
 
-def test_the_cumsum_at_chunk_size_256_issues_every_load_before_the_first_store(tmp_path):
-    """ssd_chunk_cumsum at chunk size 256 loads its dt rows together: in its SASS every global load comes before the
-    first global store; at 128 a row's load waits behind its bound check and the stores before it (the order measured
-    faster at the Nemotron-H shape, docs/PERF_NOTES.md). Both are default, validated builds."""
-    for chunk_size in (128, 256):
+def test_the_cumsum_issues_every_load_before_its_barrier_and_stores(tmp_path):
+    """ssd_chunk_cumsum loads its whole dt tile at once: in its SASS, at every chunk size, every global load of dt
+    comes before the CTA's one barrier and every global store after it (a load behind a bound check or a store
+    waits its whole latency in turn, docs/PERF_NOTES.md, ssd_chunk_cumsum)."""
+    for chunk_size in (64, 256):
         cubin, entry = _compile(tmp_path, "sm_90a", "ssd_chunk_cumsum", {"chunk_size": chunk_size, "dt_dtype": "bf16"})
         sass = cubin_checks.sass(cubin, toolchain.cuobjdump())
-        last_load = max(m.start() for m in re.finditer(r"\bLDG\.", sass))
-        assert (last_load < sass.index("STG.")) == (chunk_size == 256)
+        barrier = sass.index("BAR.SYNC")
+        dt_loads = [m.start() for m in re.finditer(r"\bLDG\.E\.U16\b", sass)]
+        assert len(dt_loads) == chunk_size // 16 and max(dt_loads) < barrier
+        assert sass.count("BAR.SYNC") == 1 and barrier < sass.index("STG.")
         assert entry["validated"] is True and "experiments" not in entry
 
 

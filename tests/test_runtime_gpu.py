@@ -83,6 +83,18 @@ def test_torch_all_built_variants(softplus, dt_limit, bias):
             check_case(case, softplus, dt_limit)
 
 
+@pytest.mark.parametrize("H", [1, 16, 20, 33])
+def test_head_tiles(H):
+    """Each CTA takes 16 heads: one head, a whole tile, a last tile of 4 heads and one of a single head. dt contiguous
+    (heads innermost, the layout the kernel's tile loads are shaped for) and strided; L ending inside a chunk."""
+    for Q, dtype in built_variants():
+        for strided in (False, True):
+            case = make_case(B=3, L=2 * Q + 7, H=H, Q=Q, dtype=dtype, strided=strided)
+            runtime.launch("ssd_chunk_cumsum", dt_softplus=True, **case)
+            torch.cuda.synchronize()
+            check_case(case, softplus=True)
+
+
 def test_plain_dlpack_capsule():
     Q, dtype = built_variants()[0]
     case = make_case(Q=Q, dtype=dtype)
