@@ -135,10 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     ``$TMPDIR`` (two virtual environments of one requirements file gave a few cubins in another register numbering).
     Returns the exit status (the child's; 1, the variant named, when this process fails or the child dies before
     naming it)."""
-    parser = compile_variant.argument_parser()
-    args = parser.parse_args(argv)
-    if args.dump_dir is not None:
-        parser.error("--dump-dir is the compile child's: its PTX goes to a folder named by the variant")
+    args = compile_variant.argument_parser(dump_dir=False).parse_args(argv)  # (the child's PTX folder is named here)
     name = compile_variant.command_line_name(args)
     try:
         root = fixed_root()

@@ -38,8 +38,8 @@ def compile_variant(family: str, constants: dict, arch: str, experiments=(), ptx
     """Compile and check one variant, with those of the requested ``experiments`` its class implements; return the
     cubin bytes and its manifest entry. ``ptxas_info``: also print what ptxas says of it (``-v``: registers, spills;
     its remarks, such as the C75xx reasons it serializes warpgroup MMAs), a developer's view of a failed check.
-    ``dump_dir``: a folder, not yet there, where the DSL leaves its PTX, removed afterwards (default: a new temporary
-    directory)."""
+    ``dump_dir``: a folder, not yet there, in a folder that is, where the DSL leaves its PTX, removed afterwards
+    (default: a new temporary directory)."""
     def build(min_ctas_per_sm=None):
         kernel = new_kernel(family, constants, arch, experiments)
         if min_ctas_per_sm is not None:
@@ -126,9 +126,9 @@ def _compile(kernel, params, arch: str, ptxas_info: bool = False, dump_dir: Path
 
 @contextlib.contextmanager
 def _new_folder(folder: Path):
-    """``folder``, created (FileExistsError when it is there already: nothing of the caller's is removed) and removed
-    afterwards."""
-    folder.mkdir(parents=True)
+    """``folder``, created (FileExistsError when it is there already: nothing of the caller's is removed;
+    FileNotFoundError when its parent is not, which would outlive the compile) and removed afterwards."""
+    folder.mkdir()
     try:
         yield folder
     finally:
@@ -150,7 +150,9 @@ def write_atomically(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def argument_parser() -> argparse.ArgumentParser:
+def argument_parser(*, dump_dir: bool = True) -> argparse.ArgumentParser:
+    """The command line of :func:`main`; without ``--dump-dir`` when not ``dump_dir`` (the isolated compile's, which
+    names the child's dump folder itself)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", required=True)
     parser.add_argument("--constants", required=True, help="JSON object of the variant's constants")
@@ -161,9 +163,10 @@ def argument_parser() -> argparse.ArgumentParser:
                         help="a build experiment to turn on where the family implements it (repeatable)")
     parser.add_argument("--ptxas-info", action="store_true",
                         help="print ptxas' report and remarks (spills, why it serializes warpgroup MMAs)")
-    parser.add_argument("--dump-dir", type=Path,
-                        help="a folder, not yet there, for the DSL's PTX, removed afterwards (default: a new temporary "
-                             "directory)")
+    if dump_dir:
+        parser.add_argument("--dump-dir", type=Path,
+                            help="a folder, not yet there, in a folder that is, for the DSL's PTX, removed afterwards "
+                                 "(default: a new temporary directory)")
     return parser
 
 

@@ -38,9 +38,17 @@ def expect_constants(kernel, **constants) -> None:
         raise ValueError(error)
 
 
+def _family_entry(family: str) -> tuple[str, str]:
+    """(module, class) of ``family``; ValueError naming the known families when it is not one."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown kernel family {family!r} (known: {', '.join(FAMILIES)})")
+    module, cls = FAMILIES[family].split(":")
+    return module, cls
+
+
 def kernel_module_path(family: str) -> str:
     """The source file of a family, relative to the repository root."""
-    return FAMILIES[family].split(":")[0].replace(".", "/") + ".py"
+    return _family_entry(family)[0].replace(".", "/") + ".py"
 
 
 def kernel_sources(family: str) -> list[str]:
@@ -63,7 +71,7 @@ def kernel_sources(family: str) -> list[str]:
 
 
 def kernel_class(family: str):
-    module, cls = FAMILIES[family].split(":")
+    module, cls = _family_entry(family)
     return getattr(importlib.import_module(module), cls)
 
 

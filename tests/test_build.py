@@ -243,6 +243,42 @@ def test_a_head_too_large_for_the_chunk_kernel_is_walked_in_slices_of_P_and_part
         assert "allows" in unsupported("ssd_bwd_chunk", split, "sm_120a")
 
 
+def test_a_dump_folder_in_a_missing_folder_is_refused(tmp_path, capsys):
+    """``--dump-dir`` is made in a folder that is there: a missing parent would be made and outlive the compile."""
+    from kernel_src import compile_variant
+
+    status = compile_variant.main(["--family", FAMILY, "--constants", json.dumps(CONSTANTS), "--arch", "sm_90a",
+                                   "--cubin", str(tmp_path / "x.cubin"), "--meta", str(tmp_path / "x.json"),
+                                   "--dump-dir", str(tmp_path / "missing" / "dump")])
+    assert status == 1 and "FileNotFoundError" in capsys.readouterr().err
+    assert not (tmp_path / "missing").exists() and not (tmp_path / "x.cubin").exists()
+
+
+def test_the_isolated_compile_has_no_dump_folder_option(capsys):
+    """The isolated compile names its child's PTX folder itself: its command line has no ``--dump-dir`` to take (a
+    folder of the caller's would be the child's to make and remove) and its help lists none."""
+    from build_tools import reproducible_compile
+
+    with pytest.raises(SystemExit) as refused:
+        reproducible_compile.main(["--family", FAMILY, "--constants", json.dumps(CONSTANTS), "--arch", "sm_90a",
+                                   "--cubin", "x.cubin", "--meta", "x.json", "--dump-dir", "mine"])
+    assert refused.value.code == 2 and "unrecognized arguments: --dump-dir" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        reproducible_compile.main(["--help"])
+    assert "--dump-dir" not in capsys.readouterr().out
+
+
+def test_an_unknown_family_fails_naming_the_known_ones(tmp_path, capsys):
+    from kernel_src import compile_variant
+
+    status = compile_variant.main(["--family", "ssd_fwdd", "--constants", "{}", "--arch", "sm_90a",
+                                   "--cubin", str(tmp_path / "x.cubin"), "--meta", str(tmp_path / "x.json")])
+    assert status == 1
+    err = capsys.readouterr().err
+    assert "FAILED sm_90a ssd_fwdd[]: ValueError: unknown kernel family 'ssd_fwdd' (known: conv1d_fwd," in err
+    assert "ssd_fwd, " in err
+
+
 def test_failed_compile_names_the_variant(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "build_tools.reproducible_compile", "--family", FAMILY,
                            "--constants", json.dumps({"chunk_size": 96, "dt_dtype": "bf16"}), "--arch", "sm_90a",
