@@ -6,19 +6,19 @@ Math (BRIEF §2; the layout of state-spaces/mamba's ``_chunk_cumsum_fwd``)::
     dt_out[b,h,c,t]    = Δ[b, c·Q + t, h]                          (0 past the end of the sequence)
     dA_cumsum[b,h,c,t] = Σ_{s ≤ t} Δ[b, c·Q + s, h] · A[h]        (flat past the end of the sequence)
 
-One CTA per (chunk, batch row, HEADS_PER_CTA = 8 heads), in two phases split by one barrier:
+One CTA per (chunk, batch row, HEADS_PER_CTA heads), in two phases split by one barrier:
 
-- the load: dt is (batch, L, heads) with the heads innermost, so the CTA reads its chunk as a (Q × 8 heads) tile,
-  each warp four rows of 8 heads (16 bytes of bf16 / fp16 per row, the other half of their sector the next CTA's, in
-  L2 by then; one warp per head, reading one element per row, fetched a sector for every element and was slower
-  than Triton's tile loads). Every thread issues all its loads first, at positions clamped
-  into the sequence, then computes Δ (0 past the end) into a shared (heads × Q) tile, transposed;
-- the scan: each warp takes one head and scans its row along Q, 32 positions at a time, all rows' shuffle scans side
-  by side, then adds the carries (the running sum of the rows' totals, in row order), and writes both outputs along
-  Q, 128 contiguous bytes per warp and row.
+- the load: dt is (batch, L, heads) with the heads innermost, so the CTA reads its chunk as a (Q × 16 heads) tile,
+  each warp two rows of 16 heads (a 32-byte sector of bf16 / fp16 per row; one warp per head, reading one element
+  per row, fetched a sector for every two bytes). Every thread issues all its loads first, at positions clamped into
+  the sequence, then computes Δ (0 past the end) into a shared (heads × Q) tile, transposed;
+- the scan: each warp takes two heads and scans the tile's rows along Q, 32 positions at a time, all rows' shuffle
+  scans side by side, then the carries (the running sum of the rows' totals, in row order), and writes both outputs
+  along Q, 128 contiguous bytes per warp and row.
 
-Eight CTAs fit an SM (32 registers): the reference shapes' grids run in one wave. The sums are added in the order of
-one warp walking the chunk 32 positions at a time.
+Shuffle scan and carries are added in the order of one warp walking the chunk 32 positions at a time. Still slower
+than Triton's ``_chunk_cumsum_fwd`` (0.8x at the reference shapes on an H100, docs/PERF_NOTES.md): its softplus is
+the approximate log(exp(v) + 1), ours ssm_math's, shared by every family.
 """
 
 from __future__ import annotations
@@ -34,20 +34,16 @@ from kernel_src.ssm_math import delta_from_dt, warp_inclusive_scans
 WARP = 32
 WARPS = 8
 THREADS = WARPS * WARP
-HEADS_PER_CTA = WARPS  # the scan: one warp per head
+HEADS_PER_CTA = 16  # a tile row of 16 heads: one 32-byte sector of bf16 / fp16 dt
 ROWS_PER_PASS = THREADS // HEADS_PER_CTA  # the tile rows the CTA loads per load instruction
-# The shared tile's rows (one per head) padded by four words: a warp's stores (four positions × 8 heads) then fall in
+# The shared tile's rows (one per head) padded by two words: a warp's stores (two positions × 16 heads) then fall in
 # 32 different banks; the scan's loads are 32 consecutive words of one row.
-ROW_PAD = 4
-# Registers for 8 CTAs (2048 threads) per SM: the whole grid of the reference shapes in one wave. (The launch's
-# carveout is given only so that the DSL does not ask a device for its shared memory size; it sets nothing in the
-# cubin.)
-MIN_CTAS_PER_SM = 8
+ROW_PAD = 2
 
 
 class ChunkCumsum:
     family = "ssd_chunk_cumsum"
-    grid_rule = "chunks,batch,heads/8"
+    grid_rule = "chunks,batch,heads/16"
     chunk_sizes = (64, 128, 256)
     dt_dtypes = ("bf16", "fp16", "fp32")
 
@@ -74,8 +70,7 @@ class ChunkCumsum:
     def __call__(self, args: tuple, stream):
         a = bind(self.params(), args)
         self.kernel(args).launch(grid=[a.nchunks, a.batch, (a.nheads + HEADS_PER_CTA - 1) // HEADS_PER_CTA],
-                                 block=list(self.block), smem=self.dynamic_smem, stream=stream,
-                                 min_blocks_per_mp=MIN_CTAS_PER_SM, preferred_smem_carveout=0)
+                                 block=list(self.block), smem=self.dynamic_smem, stream=stream)
 
     @cute.kernel
     def kernel(self, args: tuple):
@@ -98,7 +93,7 @@ class ChunkCumsum:
         smem = cutlass.utils.SmemAllocator()
         tile = smem.allocate_tensor(Float32, cute.make_layout((HEADS_PER_CTA, Q), stride=(Q + ROW_PAD, 1)), 16)
 
-        # The load. Heads past nheads (the last tile of an nheads not a multiple of 8) read their last head's
+        # The load. Heads past nheads (the last tile of an nheads not a multiple of 16) read their last head's
         # values, which no warp writes out.
         column = tid % HEADS_PER_CTA
         h = cute.math.min(first_head + column, a.nheads - 1)
@@ -116,18 +111,22 @@ class ChunkCumsum:
                 raw[k].to(Float32), bias, a.dt_softplus, a.dt_min, a.dt_max), Float32(0.0)))
         cute.arch.sync_threads()
 
-        # The scan: warp w takes the tile's head w.
-        column = cute.arch.warp_idx()
+        # The scan: warp w takes the tile's heads w and w + WARPS.
+        warp = cute.arch.warp_idx()
         lane = cute.arch.lane_idx()
-        head = first_head + column
-        if head < a.nheads:  # uniform per warp
-            A_h = mA[head]
-            rows = Q // WARP
-            deltas = [tile[column, row * WARP + lane] for row in range(rows)]
-            scans = warp_inclusive_scans([d * A_h for d in deltas], lane)
-            carry = Float32(0.0)
-            for row in cutlass.range_constexpr(rows):
-                t = row * WARP + lane
-                mdt_out[b, head, c, t] = deltas[row]
-                mdA[b, head, c, t] = scans[row] + carry
-                carry = carry + cute.arch.shuffle_sync(scans[row], WARP - 1)
+        rows = Q // WARP
+        columns = [warp + i * WARPS for i in range(HEADS_PER_CTA // WARPS)]
+        heads = [first_head + col for col in columns]
+        A_h = [mA[cute.math.min(head, a.nheads - 1)] for head in heads]
+        deltas = [tile[col, row * WARP + lane] for col in columns for row in range(rows)]
+        scans = warp_inclusive_scans([d * A_h[i // rows] for i, d in enumerate(deltas)], lane)
+        totals = [cute.arch.shuffle_sync(s, WARP - 1) for s in scans]
+        for i in cutlass.range_constexpr(len(heads)):
+            head = heads[i]
+            if head < a.nheads:  # uniform per warp
+                carry = Float32(0.0)
+                for row in cutlass.range_constexpr(rows):
+                    t = row * WARP + lane
+                    mdt_out[b, head, c, t] = deltas[i * rows + row]
+                    mdA[b, head, c, t] = scans[i * rows + row] + carry
+                    carry = carry + totals[i * rows + row]

@@ -157,7 +157,7 @@ class OnlyCAI:
 
 
 def variant_entry(family, constants, image, *, params, block=(256, 1, 1), cluster=(1, 1, 1), dynamic_smem=32,
-                  grid="chunks,batch,heads/8"):
+                  grid="chunks,batch,heads/16"):
     stem = ".".join([family] + [f"{k}-{constants[k]}" for k in sorted(constants)])
     return {
         "family": family, "key": f"{family}[" + ",".join(f"{k}={constants[k]}" for k in sorted(constants)) + "]",

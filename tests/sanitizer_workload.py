@@ -39,7 +39,7 @@ for pool_dtype in (torch.float32, torch.bfloat16):
         runtime.launch("verify", mode="compact", state=pool, out=torch.empty_like(x), **window,
                        num_accepted=torch.full((batch,), accepted, dtype=torch.int32, device=dev), **common)
 
-# ssd_chunk_cumsum: 20 heads, two whole tiles of 8 heads and a partial one
+# ssd_chunk_cumsum: 20 heads, a whole tile of 16 heads and a partial one
 dt = torch.randn(2, 300, 20, device=dev)
 for Q in (64, 256):
     nchunks = -(-300 // Q)

@@ -520,7 +520,7 @@ def test_the_cumsum_issues_every_load_before_its_barrier_and_stores(tmp_path):
         sass = cubin_checks.sass(cubin, toolchain.cuobjdump())
         barrier = sass.index("BAR.SYNC")
         dt_loads = [m.start() for m in re.finditer(r"\bLDG\.E\.U16\b", sass)]
-        assert len(dt_loads) == chunk_size // 32 and max(dt_loads) < barrier
+        assert len(dt_loads) == chunk_size // 16 and max(dt_loads) < barrier
         assert sass.count("BAR.SYNC") == 1 and barrier < sass.index("STG.")
         assert entry["validated"] is True and "experiments" not in entry
 

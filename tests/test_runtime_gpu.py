@@ -83,9 +83,9 @@ def test_torch_all_built_variants(softplus, dt_limit, bias):
             check_case(case, softplus, dt_limit)
 
 
-@pytest.mark.parametrize("H", [1, 8, 20, 33])
+@pytest.mark.parametrize("H", [1, 16, 20, 33])
 def test_head_tiles(H):
-    """Each CTA takes 8 heads: one head, a whole tile, a last tile of 4 heads and one of a single head. dt contiguous
+    """Each CTA takes 16 heads: one head, a whole tile, a last tile of 4 heads and one of a single head. dt contiguous
     (heads innermost, the layout the kernel's tile loads are shaped for) and strided; L ending inside a chunk."""
     for Q, dtype in built_variants():
         for strided in (False, True):

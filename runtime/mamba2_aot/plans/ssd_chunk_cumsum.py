@@ -18,7 +18,7 @@ dA_cumsum      (B, H, nchunks, chunk_size)  fp32                   written: cums
 ``nchunks = ceil(L / chunk_size)``; outputs are caller-owned, may be strided, must not overlap each
 other or an input. ``chunk_size`` must be one of the built variants (64, 128, 256 in the full build).
 Δ = clamp(softplus?(dt + dt_bias), *dt_limit), softplus(v) = v for v > 20. No workspace.
-The kernel runs one CTA per (chunk, batch row, 8 heads): grid rule ``chunks,batch,heads/8``.
+The kernel runs one CTA per (chunk, batch row, 16 heads): grid rule ``chunks,batch,heads/16``.
 """
 from __future__ import annotations
 
@@ -30,12 +30,12 @@ from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_dim, expec
 from .base import LaunchPlan
 
 DT_DTYPES = ("bf16", "fp16", "fp32")
-HEADS_PER_CTA = 8  # the grid rule names it
+HEADS_PER_CTA = 16  # the grid rule names it
 
 
 class ChunkCumsumPlan(LaunchPlan):
     family = "ssd_chunk_cumsum"
-    grid_rule = "chunks,batch,heads/8"
+    grid_rule = "chunks,batch,heads/16"
     param_names = (
         ("dt", "A", "dt_bias", "dt_out", "dA_cumsum", "batch", "seqlen", "nheads", "nchunks")
         + stride_names("dt", "batch", "seqlen", "head") + stride_names("A", "head") + stride_names("dt_bias", "head")
