@@ -9,12 +9,13 @@ Math (BRIEF §2; the layout of state-spaces/mamba's ``_chunk_cumsum_fwd``)::
 One CTA per (chunk, batch row, HEADS_PER_CTA heads), in two phases split by one barrier:
 
 - the load: dt is (batch, L, heads) with the heads innermost, so the CTA reads its chunk as a (Q × 16 heads) tile,
-  each warp two rows of 16 heads (a 32-byte sector of bf16 / fp16 per row; one warp per head, reading one element
-  per row, fetched a sector for every two bytes). Every thread issues all its loads first, at positions clamped into
-  the sequence, then computes Δ (0 past the end) into a shared (heads × Q) tile, transposed;
+  each warp two rows of 16 heads, a 32-byte sector of bf16 / fp16 per row. Every thread's loads, at positions clamped
+  into the sequence, come before the barrier and every global store (ptxas issues half or more of them before Δ's
+  math and the rest among it, where each waits for the load it uses); it computes Δ (0 past the end) into a shared
+  (heads × Q) tile, transposed;
 - the scan: each warp takes two heads and scans the tile's rows along Q, 32 positions at a time, all rows' shuffle
   scans side by side, then the carries (the running sum of the rows' totals, in row order), and writes both outputs
-  along Q, 128 contiguous bytes per warp and row.
+  along Q (128 contiguous bytes per warp and row where they are contiguous along Q).
 
 Shuffle scan and carries are added in the order of one warp walking the chunk 32 positions at a time. Still slower
 than Triton's ``_chunk_cumsum_fwd`` (0.8x at the reference shapes on an H100, docs/PERF_NOTES.md): its softplus is

@@ -56,6 +56,10 @@ def test_plan_contract():
     assert set(call.params) == set(plan.param_names)
     assert call.grid == (5, 2, 1) and call.constants == {"chunk_size": 64, "dt_dtype": "fp32"}
     assert runtime.workspace_size("ssd_chunk_cumsum") == 0
+    # one CTA per 16 heads (the grid rule chunks,batch,heads/16): 16 heads take one, 17 and 33 take two and three
+    for heads, ctas in ((16, 1), (17, 2), (33, 3)):
+        args = {k: as_device_array(v, k) if k in plan.arrays else v for k, v in cumsum_args(H=heads).items()}
+        assert plan.bind(**args).grid == (5, 2, ctas)
 
 
 # -- param packing ----------------------------------------------------------------------------------------
