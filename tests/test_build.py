@@ -24,6 +24,12 @@ from kernel_src import cubin_checks, families, toolchain  # noqa: E402
 FAMILY, CONSTANTS = "ssd_chunk_cumsum", {"chunk_size": 64, "dt_dtype": "bf16"}
 
 
+def _arguments(tmp_path, family=FAMILY, constants=json.dumps(CONSTANTS), *more):
+    """A compile's command line (``compile_variant``'s arguments) for sm_90a, its outputs in ``tmp_path``."""
+    return ["--family", family, "--constants", constants, "--arch", "sm_90a",
+            "--cubin", str(tmp_path / "x.cubin"), "--meta", str(tmp_path / "x.json"), *more]
+
+
 def _compile(tmp_path, arch, family=FAMILY, constants=CONSTANTS, experiments=()):
     """Compile one variant the way the build does (a child of its own); return (cubin bytes, manifest entry)."""
     stem = "-".join([arch, family, *experiments])
@@ -115,9 +121,7 @@ def test_a_dump_folder_that_is_there_already_is_refused_and_kept(tmp_path, capsy
     kept = tmp_path / "mine"
     kept.mkdir()
     (kept / "notes.txt").write_text("the caller's")
-    status = compile_variant.main(["--family", FAMILY, "--constants", json.dumps(CONSTANTS), "--arch", "sm_90a",
-                                   "--cubin", str(tmp_path / "x.cubin"), "--meta", str(tmp_path / "x.json"),
-                                   "--dump-dir", str(kept)])
+    status = compile_variant.main(_arguments(tmp_path, FAMILY, json.dumps(CONSTANTS), "--dump-dir", str(kept)))
     assert status == 1 and "FAILED sm_90a ssd_chunk_cumsum[" in capsys.readouterr().err
     assert (kept / "notes.txt").read_text() == "the caller's"
     assert not (tmp_path / "x.cubin").exists() and not (tmp_path / "x.json").exists()
@@ -247,21 +251,19 @@ def test_a_dump_folder_in_a_missing_folder_is_refused(tmp_path, capsys):
     """``--dump-dir`` is made in a folder that is there: a missing parent would be made and outlive the compile."""
     from kernel_src import compile_variant
 
-    status = compile_variant.main(["--family", FAMILY, "--constants", json.dumps(CONSTANTS), "--arch", "sm_90a",
-                                   "--cubin", str(tmp_path / "x.cubin"), "--meta", str(tmp_path / "x.json"),
-                                   "--dump-dir", str(tmp_path / "missing" / "dump")])
+    status = compile_variant.main(_arguments(tmp_path, FAMILY, json.dumps(CONSTANTS),
+                                             "--dump-dir", str(tmp_path / "missing" / "dump")))
     assert status == 1 and "FileNotFoundError" in capsys.readouterr().err
     assert not (tmp_path / "missing").exists() and not (tmp_path / "x.cubin").exists()
 
 
-def test_the_isolated_compile_has_no_dump_folder_option(capsys):
+def test_the_isolated_compile_has_no_dump_folder_option(tmp_path, capsys):
     """The isolated compile names its child's PTX folder itself: its command line has no ``--dump-dir`` to take (a
     folder of the caller's would be the child's to make and remove) and its help lists none."""
     from build_tools import reproducible_compile
 
     with pytest.raises(SystemExit) as refused:
-        reproducible_compile.main(["--family", FAMILY, "--constants", json.dumps(CONSTANTS), "--arch", "sm_90a",
-                                   "--cubin", "x.cubin", "--meta", "x.json", "--dump-dir", "mine"])
+        reproducible_compile.main(_arguments(tmp_path, FAMILY, json.dumps(CONSTANTS), "--dump-dir", "mine"))
     assert refused.value.code == 2 and "unrecognized arguments: --dump-dir" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         reproducible_compile.main(["--help"])
@@ -271,8 +273,7 @@ def test_the_isolated_compile_has_no_dump_folder_option(capsys):
 def test_an_unknown_family_fails_naming_the_known_ones(tmp_path, capsys):
     from kernel_src import compile_variant
 
-    status = compile_variant.main(["--family", "ssd_fwdd", "--constants", "{}", "--arch", "sm_90a",
-                                   "--cubin", str(tmp_path / "x.cubin"), "--meta", str(tmp_path / "x.json")])
+    status = compile_variant.main(_arguments(tmp_path, "ssd_fwdd", "{}"))
     assert status == 1
     err = capsys.readouterr().err
     assert "FAILED sm_90a ssd_fwdd[]: ValueError: unknown kernel family 'ssd_fwdd' (known: conv1d_fwd," in err
@@ -280,9 +281,8 @@ def test_an_unknown_family_fails_naming_the_known_ones(tmp_path, capsys):
 
 
 def test_failed_compile_names_the_variant(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "build_tools.reproducible_compile", "--family", FAMILY,
-                           "--constants", json.dumps({"chunk_size": 96, "dt_dtype": "bf16"}), "--arch", "sm_90a",
-                           "--cubin", str(tmp_path / "x.cubin"), "--meta", str(tmp_path / "x.json")],
+    proc = subprocess.run([sys.executable, "-m", "build_tools.reproducible_compile",
+                           *_arguments(tmp_path, FAMILY, json.dumps({"chunk_size": 96, "dt_dtype": "bf16"}))],
                           cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode != 0
     assert "FAILED sm_90a ssd_chunk_cumsum[chunk_size=96,dt_dtype=bf16]" in proc.stderr
@@ -292,8 +292,7 @@ def test_failed_compile_names_the_variant(tmp_path):
 def test_constants_that_do_not_parse_fail_naming_the_variant_as_given(tmp_path, capsys):
     from kernel_src import compile_variant
 
-    status = compile_variant.main(["--family", FAMILY, "--constants", "{chunk_size: 64", "--arch", "sm_90a",
-                                   "--cubin", str(tmp_path / "x.cubin"), "--meta", str(tmp_path / "x.json")])
+    status = compile_variant.main(_arguments(tmp_path, FAMILY, "{chunk_size: 64"))
     assert status == 1
     assert "FAILED sm_90a ssd_chunk_cumsum {chunk_size: 64: JSONDecodeError" in capsys.readouterr().err
 
