@@ -230,9 +230,21 @@ def test_unvalidated_variant_refused_before_the_driver(no_driver, tmp_path, monk
     assert driver._driver is None
 
 
-def test_unknown_family_lists_known(no_driver):
-    with pytest.raises(VariantNotFoundError, match="unknown kernel family 'ssd_nope'.*ssd_chunk_cumsum"):
+def test_unknown_family_lists_the_families_launch_takes(no_driver):
+    with pytest.raises(VariantNotFoundError) as info:
         runtime.launch("ssd_nope")
+    assert str(info.value) == ("unknown kernel family 'ssd_nope'; known families: conv1d_fwd, conv1d_verify, ssd_bwd, "
+                               "ssd_chunk_cumsum, ssd_fwd, verify")   # (not the steps, which it refuses)
+
+
+def test_a_misspelt_keyword_is_named_before_an_array_off_the_gpu(no_driver):
+    args = {**cumsum_args(), "A": torch.zeros(4)}   # a CPU tensor
+    with pytest.raises(InvalidArgumentError, match="did you mean 'chunk_size'") as info:
+        runtime.launch("ssd_chunk_cumsum", **args, chunk_sise=64)
+    assert info.value.argument == "chunk_sise"
+    with pytest.raises(DeviceError, match="CUDA") as info:   # the keywords right: the array's own error
+        runtime.launch("ssd_chunk_cumsum", **args)
+    assert info.value.argument == "A"
 
 
 def test_empty_batch_is_a_no_op(no_driver):
@@ -492,7 +504,8 @@ def test_list_variants(fake_runtime, tmp_path):
     rows = runtime.list_variants("ssd_chunk_cumsum")
     assert len(rows) == 4 and rows[0]["arch"] == "sm_90a" and rows[0]["compute_capability"] == (9, 0)
     assert (rows[0]["validated"], rows[0]["experiments"], rows[0]["usable"]) == (True, [], True)
-    assert runtime.list_variants("nope") == []
+    with pytest.raises(VariantNotFoundError, match="unknown kernel family 'ssd_chunk_cumsun'"):
+        runtime.list_variants("ssd_chunk_cumsun")   # a misspelt family is named, not an empty list
     mark_unvalidated(tmp_path / "mamba2_aot_cubins_sm90", 64)
     manifest.catalog(refresh=True)
     rows = {row["key"]: row for row in runtime.list_variants("ssd_chunk_cumsum")}

@@ -14,25 +14,25 @@ BATCH, L, H, P, N, G = 2, 300, 8, 64, 128, 2
 NBLOCKS = 5
 
 
-def workspace_elements(heads=H, N=N):
-    return PLANS["ssd_bwd"].workspace_size(x=fake_array(0x1000, (BATCH, L, heads, P), "fp16"),
-                                           B=fake_array(0x1000, (BATCH, L, G, N), "fp16")) // 4
+def workspace_elements(heads=H, N=N, batch=BATCH):
+    return PLANS["ssd_bwd"].workspace_size(x=fake_array(0x1000, (batch, L, heads, P), "fp16"),
+                                           B=fake_array(0x1000, (batch, L, G, N), "fp16")) // 4
 
 
-def bwd_args(heads=H, N=N, **over):
+def bwd_args(heads=H, N=N, batch=BATCH, **over):
     """Valid fake arguments (fp16: the CAI fakes have no bf16), each array 64 MiB apart."""
     base = iter(range(0x10000000, 0x100000000, 64 * MB))
     arr = lambda shape, dtype="fp16": fake_array(next(base), shape, dtype)  # noqa: E731
-    args = dict(x=arr((BATCH, L, heads, P)), dt=arr((BATCH, L, heads)), A=arr((heads,), "fp32"),
-                B=arr((BATCH, L, G, N)), C=arr((BATCH, L, G, N)), D=arr((heads, P), "fp32"),
-                z=arr((BATCH, L, heads, P)), dt_bias=arr((heads,), "fp32"),
-                initial_states=arr((BATCH, heads, P, N), "fp32"), dt_softplus=True,
-                dout=arr((BATCH, L, heads, P)), dfinal_states=arr((BATCH, heads, P, N), "fp32"),
-                dx=arr((BATCH, L, heads, P)), ddt=arr((BATCH, L, heads)), dA=arr((heads,), "fp32"),
-                dB=arr((BATCH, L, G, N)), dC=arr((BATCH, L, G, N)), dD=arr((heads, P), "fp32"),
-                dz=arr((BATCH, L, heads, P)), ddt_bias=arr((heads,), "fp32"),
-                dinitial_states=arr((BATCH, heads, P, N), "fp32"))
-    args["workspace"] = fake_array(0x1_0000_0000, (workspace_elements(heads, N),), "fp32")
+    args = dict(x=arr((batch, L, heads, P)), dt=arr((batch, L, heads)), A=arr((heads,), "fp32"),
+                B=arr((batch, L, G, N)), C=arr((batch, L, G, N)), D=arr((heads, P), "fp32"),
+                z=arr((batch, L, heads, P)), dt_bias=arr((heads,), "fp32"),
+                initial_states=arr((batch, heads, P, N), "fp32"), dt_softplus=True,
+                dout=arr((batch, L, heads, P)), dfinal_states=arr((batch, heads, P, N), "fp32"),
+                dx=arr((batch, L, heads, P)), ddt=arr((batch, L, heads)), dA=arr((heads,), "fp32"),
+                dB=arr((batch, L, G, N)), dC=arr((batch, L, G, N)), dD=arr((heads, P), "fp32"),
+                dz=arr((batch, L, heads, P)), ddt_bias=arr((heads,), "fp32"),
+                dinitial_states=arr((batch, heads, P, N), "fp32"))
+    args["workspace"] = fake_array(0x1_0000_0000, (max(workspace_elements(heads, N, batch), 1),), "fp32")
     args.update(over)
     return args
 
@@ -261,6 +261,16 @@ def test_per_head_D_and_no_optional_gradients():
 ])
 def test_bad_input_is_refused_before_anything_launches(no_driver, over, error, argument, fragment):
     expect_refused("ssd_bwd", bwd_args(**over), error, argument, fragment)
+
+
+def test_an_empty_batch_is_refused_and_no_heads_launch_nothing(stub_launches):
+    from mamba2_aot import dispatch
+    _, log = stub_launches
+    with pytest.raises(errors.ShapeError, match="batch 0: dA, dD and ddt_bias") as info:
+        dispatch.launch("ssd_bwd", stream=0, **bwd_args(batch=0))
+    assert info.value.argument == "x"
+    dispatch.launch("ssd_bwd", stream=0, **bwd_args(heads=0))
+    assert log == []
 
 
 def test_a_step_cannot_be_launched_alone(no_driver):

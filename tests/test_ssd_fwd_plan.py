@@ -285,6 +285,42 @@ def test_workspace_size_is_zero_for_calls_that_are_never_split():
         assert runtime.workspace_size("ssd_fwd", x=args["x"], B=args["B"], **extra) == 0, extra
 
 
+@pytest.mark.parametrize("batch,heads", [(0, 64), (1, 0), (0, 0)])
+def test_an_empty_call_launches_nothing_with_or_without_a_workspace(no_driver, batch, heads):  # noqa: F811
+    args = long_args(batch=batch, heads=heads)
+    assert runtime.workspace_size("ssd_fwd", x=args["x"], B=args["B"]) == 0
+    for with_workspace in (True, False):
+        if not with_workspace:
+            del args["workspace"]
+        assert [0 in call.grid for call in steps(**args)] == [True]
+        runtime.launch("ssd_fwd", **args)   # (no_driver: opening the driver fails the test)
+
+
+@pytest.mark.parametrize("x,B,error,argument,fragment", [
+    ((BATCH, L, H, P, "fp32"), (BATCH, L, G, N, "fp16"), errors.DTypeError, "x", "bf16 or fp16"),
+    ((BATCH, L, H, 48, "fp16"), (BATCH, L, G, N, "fp16"), errors.ShapeError, "x", "multiple of 64"),
+    ((BATCH, 0, H, P, "fp16"), (BATCH, 0, G, N, "fp16"), errors.ShapeError, "x", "seqlen (dim 1) must be >= 1"),
+    ((BATCH, L, H, P, "fp16"), (BATCH, L, 3, N, "fp16"), errors.ShapeError, "B", "must divide nheads"),
+    ((BATCH, L, H, P, "fp16"), (7, 3, G, N, "fp16"), errors.ShapeError, "B", "of x"),
+    ((BATCH, L, H, P, "fp16"), (BATCH, L, G, N, "fp32"), errors.DTypeError, "B", "fp16"),
+])
+@pytest.mark.parametrize("family", ["ssd_fwd", "ssd_bwd"])
+def test_workspace_size_checks_x_and_B_as_the_launch_does(family, x, B, error, argument, fragment):
+    with pytest.raises(error) as info:
+        runtime.workspace_size(family, x=fake_array(1 << 32, x[:4], x[4]), B=fake_array(1 << 33, B[:4], B[4]))
+    assert info.value.argument == argument and fragment in str(info.value)
+
+
+def test_workspace_size_refuses_a_keyword_the_launch_does_not_take():
+    args = long_args()
+    with pytest.raises(errors.InvalidArgumentError, match="did you mean 'cu_seqlens'") as info:
+        runtime.workspace_size("ssd_fwd", x=args["x"], B=args["B"], cu_seqlen=args["x"])
+    assert info.value.argument == "cu_seqlen"
+    with pytest.raises(errors.InvalidArgumentError, match="not an argument of ssd_chunk_cumsum"):
+        runtime.workspace_size("ssd_chunk_cumsum", foo=1)
+    assert runtime.workspace_size("ssd_chunk_cumsum") == 0
+
+
 def test_an_unused_workspace_is_still_checked():
     """A call that is not split (the GPU full already) keeps the workspace among its arrays, so that a workspace
     over an output, on another device or read-only is refused whether or not the call is split."""

@@ -59,7 +59,9 @@ def cmd_list(_args) -> int:
     catalog = manifest.catalog()
     drv, reason = _driver_or_reason()
     capabilities = {drv.compute_capability(d) for d in range(drv.device_count())} if drv else set()
-    print(f"mamba2_aot {__version__}; families with a launch plan: {', '.join(sorted(dispatch.PLANS))}")
+    families = dispatch.launchable_families()
+    steps = sorted(set(dispatch.PLANS) - set(families))
+    print(f"mamba2_aot {__version__}; families: {', '.join(families)} (their steps' kernels: {', '.join(steps)})")
     if drv is None:
         print(f"CUDA: unavailable here: {reason}")
     for m in catalog.manifests:

@@ -28,7 +28,7 @@ import threading
 from . import driver, manifest, streams
 from .errors import (ArchMismatchError, CubinPackageError, CudaDriverError, DeviceError, GraphCaptureError,
                      InvalidArgumentError, ManifestError, Mamba2AOTError, VariantNotFoundError)
-from .plans import PLANS, CompositePlan, LaunchPlan
+from .plans import PLANS, CompositePlan, LaunchPlan, StepPlan
 from .tensors import as_device_array
 from .validation import BoundCall, check_call
 
@@ -112,10 +112,16 @@ _RECENT_CALLS_MAX = 1024
 _keywords: dict[LaunchPlan, tuple] = {}  # plan -> (accepted, required, takes **kwargs); see _keyword_error
 
 
+def launchable_families() -> list[str]:
+    """The families ``launch`` takes (not the steps that only run inside ssd_fwd or ssd_bwd), sorted."""
+    return sorted(name for name, plan in PLANS.items() if not isinstance(plan, StepPlan))
+
+
 def _plan(family: str) -> LaunchPlan:
-    plan = PLANS.get(family)
+    plan = PLANS.get(family) if isinstance(family, str) else None
     if plan is None:
-        raise VariantNotFoundError(f"unknown kernel family {family!r}; known families: {', '.join(sorted(PLANS))}")
+        raise VariantNotFoundError(f"unknown kernel family {family!r}; known families: "
+                                   f"{', '.join(launchable_families())}")
     return plan
 
 
@@ -132,10 +138,17 @@ def launch(family: str, *, stream=None, **kwargs) -> None:
     plan = _plan(family)
     handle = streams.resolve(stream, kwargs.values())
     dlpack_stream = streams.as_dlpack_stream(handle)
-    for name in plan.arrays:
-        obj = kwargs.get(name)
-        if obj is not None:
-            kwargs[name] = as_device_array(obj, name, dlpack_stream=dlpack_stream)
+    try:
+        for name in plan.arrays:
+            obj = kwargs.get(name)
+            if obj is not None:
+                kwargs[name] = as_device_array(obj, name, dlpack_stream=dlpack_stream)
+    except InvalidArgumentError:
+        # a misspelt or missing keyword is the first thing to fix: named before an array that is not on the GPU
+        error = _keyword_error(plan, kwargs)
+        if error is None:
+            raise
+        raise error from None
     if isinstance(plan, CompositePlan):
         _launch_steps(plan, kwargs, handle)
         return
@@ -272,10 +285,10 @@ def _checked(family: str, call: BoundCall) -> tuple:
     return variant_key
 
 
-def _keyword_error(plan: LaunchPlan, kwargs: dict) -> InvalidArgumentError | None:
-    """The :class:`InvalidArgumentError` for a keyword ``plan.bind`` does not take (or a required one not
-    given), listing the accepted keywords; ``None`` when the keywords are fine (the ``TypeError`` came
-    from elsewhere). The signature is read once per plan, and only on this error path."""
+def _keyword_error(plan: LaunchPlan, kwargs: dict, *, required: bool = True) -> InvalidArgumentError | None:
+    """The :class:`InvalidArgumentError` for a keyword ``plan.bind`` does not take (or, with ``required``, a
+    required one not given), listing the accepted keywords; ``None`` when the keywords are fine (the ``TypeError``
+    came from elsewhere). The signature is read once per plan, and only on error paths and ``workspace_size``."""
     entry = _keywords.get(plan)
     if entry is None:
         # a composite's steps may take some keywords and pass the rest (**kwargs) to its bind: both signatures count
@@ -285,7 +298,7 @@ def _keyword_error(plan: LaunchPlan, kwargs: dict) -> InvalidArgumentError | Non
                                                                                    p.KEYWORD_ONLY)}
         entry = _keywords[plan] = (tuple(named), tuple(n for n, p in named.items() if p.default is p.empty),
                                    all(any(p.kind == p.VAR_KEYWORD for p in params) for params in signatures))
-    accepted, required, open_ended = entry
+    accepted, needed, open_ended = entry
     accepts = f"{plan.family} accepts: {', '.join(accepted)}, stream"
     unknown = [] if open_ended else [name for name in kwargs if name not in accepted]
     if unknown:
@@ -293,7 +306,7 @@ def _keyword_error(plan: LaunchPlan, kwargs: dict) -> InvalidArgumentError | Non
         hint = f" (did you mean {close[0]!r}?)" if len(unknown) == 1 and close else ""
         return InvalidArgumentError(unknown[0] if len(unknown) == 1 else None,
                                     f"{', '.join(unknown)}: not an argument of {plan.family}{hint}; {accepts}")
-    missing = [name for name in required if name not in kwargs]
+    missing = [name for name in needed if name not in kwargs] if required else []
     if missing:
         return InvalidArgumentError(missing[0] if len(missing) == 1 else None,
                                     f"{', '.join(missing)}: required by {plan.family}; {accepts}")
@@ -453,8 +466,16 @@ def preload(families=None, devices=None) -> list[tuple[str, int]]:
 
 
 def workspace_size(family: str, **kwargs) -> int:
-    """Bytes of caller-owned workspace ``launch(family, ...)`` needs for these arguments (0 if none)."""
-    return _plan(family).workspace_size(**kwargs)
+    """Bytes of caller-owned workspace ``launch(family, ...)`` needs for these arguments (0 if none).
+
+    Takes any of the launch's keyword arguments (``ssd_fwd`` and ``ssd_bwd`` need x and B) and checks those it
+    reads as the launch would. Raises :class:`VariantNotFoundError` for an unknown family,
+    :class:`InvalidArgumentError` for a keyword the launch does not take, and its subclasses for a bad x or B."""
+    plan = _plan(family)
+    error = _keyword_error(plan, kwargs, required=False)
+    if error is not None:
+        raise error
+    return plan.workspace_size(**kwargs)
 
 
 def _kernel_families(family: str) -> tuple[str, ...]:
@@ -468,8 +489,8 @@ def list_variants(family: str | None = None) -> list[dict]:
     """Every variant in the installed cubins (no GPU needed): family, key, constants, arch,
     compute_capability, package, validated, experiments (the build experiments it was compiled with), usable
     (False for an unvalidated one without MAMBA2_AOT_ALLOW_UNVALIDATED=1). ``family`` filters (a composite family:
-    its steps' variants)."""
-    wanted = None if family is None else _kernel_families(family) if family in PLANS else (family,)
+    its steps' variants; an unknown one raises :class:`VariantNotFoundError`, as in ``launch``)."""
+    wanted = None if family is None else _kernel_families(family)
     rows = []
     catalog = manifest.catalog()
     for m in catalog.manifests:

@@ -66,6 +66,10 @@ def _ssd_bwd(dout: torch.Tensor, dfinal_states: Optional[torch.Tensor], x: torch
     """The gradients of ``_ssd_fwd``'s inputs (dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states per
     sequence); an absent input's gradient is an empty tensor."""
     grads = _ssd_bwd_outputs(x, dt, A, B, C, D, z, dt_bias, initial_states, num_seqs)
+    if x.shape[0] == 0:  # no tokens: the per-head sums (dA, dD, ddt_bias) are zero, the rest is empty
+        for g in grads:
+            g.zero_()
+        return grads
     x, B, C, z, dout = (_rows_of_vectors(t) for t in (x, B, C, z, dout))
     workspace = torch.empty(runtime.workspace_size("ssd_bwd", x=x, B=B) // 4, dtype=torch.float32, device=x.device)
     runtime.launch("ssd_bwd", x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,

@@ -206,8 +206,10 @@ def _has_internal_overlap(a: DeviceArray) -> bool:
 
     Conservative: sorted by |stride|, each dim must step past everything the smaller dims reach. This
     accepts every dense or sliced view (what frameworks produce) and refuses some exotic interleavings
-    that do not actually overlap, which is the safe direction for an output.
+    that do not actually overlap, which is the safe direction for an output. An empty array has no elements.
     """
+    if 0 in a.shape:
+        return False
     reach = 0
     for stride, extent in sorted([(abs(s), d) for d, s in zip(a.shape, a.strides) if d > 1]):
         if stride <= reach:

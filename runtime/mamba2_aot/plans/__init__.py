@@ -1,7 +1,7 @@
 """Registry of launch plans: ``PLANS[family]`` is the plan of each family the runtime can launch."""
 from __future__ import annotations
 
-from .base import CompositePlan, LaunchPlan
+from .base import CompositePlan, LaunchPlan, StepPlan
 from .conv1d_fwd import Conv1dForwardPlan
 from .conv1d_verify import Conv1dVerifyPlan
 from .ssd_bwd import (SsdBackwardChunkPlan, SsdBackwardPlan, SsdBackwardReducePlan, SsdBackwardStatesPlan,
@@ -15,4 +15,4 @@ PLANS: dict[str, LaunchPlan] = {plan.family: plan for plan in (
     SsdForwardPairedPlan(), SsdForwardInlinePlan(), SsdForwardStatesPlan(), SsdBackwardPlan(),
     SsdBackwardStatesPlan(), SsdBackwardWalksPlan(), SsdBackwardChunkPlan(), SsdBackwardReducePlan(), VerifyPlan())}
 
-__all__ = ["PLANS", "CompositePlan", "LaunchPlan"]
+__all__ = ["PLANS", "CompositePlan", "LaunchPlan", "StepPlan"]

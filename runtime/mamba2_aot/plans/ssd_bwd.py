@@ -70,12 +70,12 @@ import math
 from ..errors import InvalidArgumentError, ShapeError
 from ..tensors import DeviceArray, ITEMSIZE, as_device_array
 from ..validation import (GRID_YZ_MAX, BoundCall, check_call, expect_complete, expect_dim, expect_dtype,
-                          expect_given, expect_rank, expect_shape, expect_state_blocks, null_absent, record_strides,
+                          expect_given, expect_shape, expect_state_blocks, null_absent, record_strides,
                           stride_names)
 from .base import CompositePlan, StepPlan
-from .ssd_fwd import (BLOCK, CTA_SLOTS, FORWARD_WALK_PARAMS, IO_DTYPES, SsdForwardPlan, block_states_call,
-                      expect_vector_operand, expect_workspace)
-from .ssm_inputs import SSM_INPUT_STRIDES, expect_groups
+from .ssd_fwd import (BLOCK, CTA_SLOTS, FORWARD_WALK_PARAMS, SsdForwardPlan, block_states_call,
+                      expect_vector_operand, expect_workspace, ssd_shape)
+from .ssm_inputs import SSM_INPUT_STRIDES
 
 ALIGN = 256        # bytes: alignment of each workspace region
 PARTIAL_EXTRA = 2  # partials[..., P] = dA, [..., P + 1] = ddt_bias
@@ -278,9 +278,7 @@ class SsdBackwardPlan(CompositePlan):
         """Bytes of workspace for a call with these x (batch, L, H, P) and B (batch, L, G, N) (any array objects)."""
         expect_given(x=x, B=B)
         x, B = as_device_array(x, "x"), as_device_array(B, "B")
-        expect_rank(x, 4, "(batch, seqlen, nheads, headdim)")
-        expect_groups(B, x.shape[2])
-        return Workspace(*x.shape, *B.shape[2:], x.dtype).size
+        return Workspace(*ssd_shape(x, B), *B.shape[2:], x.dtype).size
 
     def steps(self, *, x, dt, A, B, C, dout, dx, ddt, dA, dB, dC, workspace, D=None, z=None, dt_bias=None,
               dt_softplus=False, dt_limit=(0.0, math.inf), initial_states=None, initial_state_indices=None,
@@ -289,10 +287,13 @@ class SsdBackwardPlan(CompositePlan):
         """Validate a call (see the module docstring) and bind its launches. Raises the
         InvalidArgumentError subclasses."""
         expect_given(x=x, dt=dt, A=A, B=B, C=C, dout=dout, dx=dx, ddt=ddt, dA=dA, dB=dB, dC=dC, workspace=workspace)
-        expect_dtype(x, IO_DTYPES)
-        expect_rank(x, 4, "(batch, seqlen, nheads, headdim)")
-        batch, seqlen, nheads, headdim = x.shape
-        ngroups = expect_groups(B, nheads)
+        batch, seqlen, nheads, headdim = ssd_shape(x, B)
+        if nheads == 0:
+            return []  # every gradient is empty
+        if batch == 0:
+            raise ShapeError("x", "x: batch 0: dA, dD and ddt_bias of an empty batch are sums over no tokens, zero, "
+                             "and ssd_bwd has no launch that only writes them; zero them instead of calling")
+        ngroups = B.shape[2]
         d_state = B.shape[3]
         io = x.dtype
         parts = d_state_splits(d_state)

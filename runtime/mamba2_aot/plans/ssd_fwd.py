@@ -107,7 +107,7 @@ from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_complete, 
 from ..tensors import DeviceArray, as_device_array
 from .base import CompositePlan, StepPlan
 from .sequence_states import bind_cu_seqlens, bind_sequence_states, state_dtype
-from .ssm_inputs import SSM_STRIDES, bind_ssm_inputs, x_shape
+from .ssm_inputs import SSM_STRIDES, bind_ssm_inputs, expect_groups, expect_ssm_operand, x_shape
 
 IO_DTYPES = ("bf16", "fp16")
 STATE_DTYPES = ("fp32", "bf16", "fp16")
@@ -242,6 +242,20 @@ FORWARD_WALK_PARAMS = (
 )
 
 
+def ssd_shape(x: DeviceArray, B: DeviceArray | None = None) -> tuple[int, int, int, int]:
+    """x (batch, seqlen, H, P) as ssd_fwd and ssd_bwd take it: bf16 / fp16, seqlen >= 1, P a multiple of 64; and,
+    when given, B (batch, seqlen, G, N) in x's dtype with G dividing H. Returns x's shape. Raises DTypeError or
+    ShapeError (what ``workspace_size`` checks of a call, as its launch would)."""
+    batch, seqlen, nheads, headdim = x_shape(x, IO_DTYPES, "seqlen")
+    if seqlen < 1:
+        raise ShapeError("x", f"x: seqlen (dim 1) must be >= 1, got shape {x.shape}")
+    if headdim % P_TILE:
+        raise ShapeError("x", f"x: headdim (dim 3) = {headdim} must be a multiple of {P_TILE}")
+    if B is not None:
+        expect_ssm_operand(B, x, expect_groups(B, nheads), "seqlen")
+    return x.shape
+
+
 class SsdForwardPlan(CompositePlan):
     family = "ssd_fwd"
     step_families = ("ssd_fwd", PASS_FAMILY, PAIRED_FAMILY, INLINE_FAMILY)
@@ -256,13 +270,11 @@ class SsdForwardPlan(CompositePlan):
         what its split needs; 0 for calls that are not split or keep the entering states in chunk_states (packed
         sequences, chunk_states, one pool read and written in place), when those arguments are given too."""
         expect_given(x=x, B=B)
-        in_place = initial_states is not None and initial_states is final_states
-        if seq_idx is not None or cu_seqlens is not None or chunk_states is not None or in_place:
-            return 0
         x, B = as_device_array(x, "x"), as_device_array(B, "B")
-        expect_rank(x, 4, "(batch, seqlen, nheads, headdim)")
-        expect_rank(B, 4, "(batch, seqlen, ngroups, d_state)")
-        batch, seqlen, nheads, headdim = x.shape
+        batch, seqlen, nheads, headdim = ssd_shape(x, B)
+        in_place = initial_states is not None and initial_states is final_states
+        if seq_idx is not None or cu_seqlens is not None or chunk_states is not None or in_place or not batch * nheads:
+            return 0
         segments, _ = plan_handover(batch, seqlen, nheads, headdim, B.shape[3])
         if segments > 1:
             return sum(_handover_bytes(batch, segments, nheads, headdim, B.shape[3]))
@@ -294,11 +306,7 @@ class SsdForwardPlan(CompositePlan):
         dt_min, dt_max = expect_dt_limit(dt_limit)
         expect_given(x=x, dt=dt, A=A, B=B, C=C, out=out)
 
-        batch, seqlen, nheads, headdim = x_shape(x, IO_DTYPES, "seqlen")
-        if seqlen < 1:
-            raise ShapeError("x", f"x: seqlen (dim 1) must be >= 1, got shape {x.shape}")
-        if headdim % P_TILE:
-            raise ShapeError("x", f"x: headdim (dim 3) = {headdim} must be a multiple of {P_TILE}")
+        batch, seqlen, nheads, headdim = ssd_shape(x)
         expect_dim("x", "seqlen (dim 1)", seqlen)
         expect_dim("x", "nheads (dim 2)", nheads, maximum=GRID_YZ_MAX)
         params = {"chunk_size": chunk_size, "dt_softplus": int(dt_softplus), "dt_min": dt_min, "dt_max": dt_max}
@@ -428,7 +436,7 @@ def split_call(call: BoundCall, workspace: DeviceArray | None) -> list[BoundCall
     p = call.params
     unsplit = [call if workspace is None else call._replace(inputs=call.inputs + (workspace,))]
     in_place = p["has_initial_states"] and p["initial_states"] == p["final_states"]
-    if p["has_seq_idx"] or p["has_cu_seqlens"] or in_place:
+    if p["has_seq_idx"] or p["has_cu_seqlens"] or in_place or 0 in call.grid:
         return unsplit
     batch, seqlen, nheads = p["batch"], p["seqlen"], p["nheads"]
     headdim, d_state = call.constants["headdim"], call.constants["d_state"]

@@ -44,13 +44,19 @@ def bind_ssm_inputs(params: dict, *, x, dt, A, B, C, out, D, z, dt_bias, length:
     ngroups = expect_groups(B, nheads, length)
     d_state = B.shape[3]
     for m in (B, C):
-        expect_dtype(m, (x.dtype,))
-        expect_shape(m, (batch, seqlen, ngroups, d_state), f"(batch, {length}, ngroups, d_state) of x")
+        expect_ssm_operand(m, x, ngroups, length, d_state)
     params.update(x=x.ptr, B=B.ptr, C=C.ptr, heads_per_group=nheads // ngroups)
     for arr, dims in ((x, ("batch", "seqlen", "head")), (B, ("batch", "seqlen", "group")),
                       (C, ("batch", "seqlen", "group"))):
         record_strides(params, arr, dims)
     return SsmShape(batch, seqlen, nheads, headdim, ngroups, d_state), [x, B, C] + read
+
+
+def expect_ssm_operand(m, x, ngroups: int, length: str, d_state: int | None = None) -> None:
+    """B or C: (batch, length, ngroups, d_state) of x (d_state: B's, or ``m``'s own when not given), x's dtype."""
+    expect_dtype(m, (x.dtype,))
+    expect_shape(m, (*x.shape[:2], ngroups, m.shape[3] if d_state is None else d_state),
+                 f"(batch, {length}, ngroups, d_state) of x")
 
 
 def expect_groups(B, nheads: int, length: str = "seqlen") -> int:
