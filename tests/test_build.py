@@ -525,14 +525,19 @@ def test_the_cumsum_loads_its_tile_before_its_barrier_and_stores_after(tmp_path)
         assert entry["validated"] is True and "experiments" not in entry
 
 
-@pytest.mark.parametrize("option", ["experiments=bwd_products_ahead", "archs=sm90", "experiment=no_such_experiment"])
-def test_a_misspelt_build_option_stops_the_build(option):
-    """A misspelt option (SCons would ignore it and build the defaults) or an unknown experiment name stops the build
-    before anything is compiled, naming what it knows."""
+@pytest.mark.parametrize("option,says", [
+    ("experiments=bwd_products_ahead", "known: arch, config, experiment"),
+    ("archs=sm90", "known: arch, config, experiment"),
+    ("experiment=no_such_experiment", "known experiments: "),
+    ("arch=sm999", "arch=sm999: unknown ['sm999']; choose from ["),
+    ("arch=", "arch=: names no architecture; choose from ["),
+])
+def test_a_misspelt_build_option_stops_the_build(option, says):
+    """A misspelt option (SCons would ignore it and build the defaults), an unknown experiment name or architecture,
+    or none, stops the build before anything is compiled, naming what it knows."""
     proc = _scons(ROOT, "-n", option)
     assert proc.returncode != 0
-    known = "known experiments: " if option.startswith("experiment=") else "known: arch, config, experiment"
-    assert known in proc.stdout + proc.stderr
+    assert says in proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope="module")
