@@ -224,6 +224,14 @@ def test_byte_range_and_overlap_against_brute_force(dims):
         assert _has_internal_overlap(a)  # conservative: a real overlap is always caught
 
 
+def test_an_empty_array_never_overlaps_itself():
+    """No element, no overlap: an empty output with broadcast strides (a plan's empty workspace region) is fine,
+    the same strides with an element are refused."""
+    strides = (0, 64 * 4, 4)
+    assert not _has_internal_overlap(as_device_array(FakeCAI(0x1000, (2, 0, 64), "<f4", strides), "out"))
+    assert _has_internal_overlap(as_device_array(FakeCAI(0x1000, (2, 1, 64), "<f4", strides), "out"))
+
+
 # -- streams ----------------------------------------------------------------------------------------------
 
 

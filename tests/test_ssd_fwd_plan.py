@@ -303,6 +303,8 @@ def test_an_empty_call_launches_nothing_with_or_without_a_workspace(no_driver, b
     ((BATCH, L, H, P, "fp16"), (BATCH, L, 3, N, "fp16"), errors.ShapeError, "B", "must divide nheads"),
     ((BATCH, L, H, P, "fp16"), (7, 3, G, N, "fp16"), errors.ShapeError, "B", "of x"),
     ((BATCH, L, H, P, "fp16"), (BATCH, L, G, N, "fp32"), errors.DTypeError, "B", "fp16"),
+    ((BATCH, L, H, 0, "fp16"), (BATCH, L, G, N, "fp16"), errors.ShapeError, "x", "positive multiple of 64"),
+    ((BATCH, L, H, P, "fp16"), (BATCH, L, G, 0, "fp16"), errors.ShapeError, "B", "d_state (dim 3) must be >= 1"),
 ])
 @pytest.mark.parametrize("family", ["ssd_fwd", "ssd_bwd"])
 def test_workspace_size_checks_x_and_B_as_the_launch_does(family, x, B, error, argument, fragment):
@@ -318,7 +320,17 @@ def test_workspace_size_refuses_a_keyword_the_launch_does_not_take():
     assert info.value.argument == "cu_seqlen"
     with pytest.raises(errors.InvalidArgumentError, match="not an argument of ssd_chunk_cumsum"):
         runtime.workspace_size("ssd_chunk_cumsum", foo=1)
-    assert runtime.workspace_size("ssd_chunk_cumsum") == 0
+    assert runtime.workspace_size("ssd_chunk_cumsum", stream=0) == 0   # (the launch's keywords, stream too)
+    assert runtime.workspace_size("ssd_fwd", x=args["x"], B=args["B"], stream=0) > 0
+
+
+@pytest.mark.parametrize("over,argument,fragment", [
+    ({"d_state": 0}, "B", "d_state (dim 3) must be >= 1"),   # (it divided by zero planning the split)
+    ({"x": fake_array(1 << 44, (1, 4096, 64, 0), "fp16"), "out": fake_array(1 << 45, (1, 4096, 64, 0), "fp16")},
+     "x", "positive multiple of 64"),
+])
+def test_a_call_without_state_or_head_columns_is_refused(no_driver, over, argument, fragment):  # noqa: F811
+    expect_refused("ssd_fwd", long_args(**over), errors.ShapeError, argument, fragment)
 
 
 def test_an_unused_workspace_is_still_checked():

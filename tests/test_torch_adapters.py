@@ -198,19 +198,20 @@ def test_views_the_kernels_cannot_vector_load_are_copied_as_triton_does(launches
     assert kw["B"].data_ptr() != 0
 
 
-def test_backward_of_an_empty_batch_gives_zero_sums_without_a_launch(launches, monkeypatch):
+@pytest.mark.parametrize("batch,heads", [(0, 4), (1, 0)])
+def test_backward_of_an_empty_call_gives_zero_sums_without_a_launch(launches, monkeypatch, batch, heads):
     # the gradients come back from _ssd_bwd_outputs filled with NaN, so only an explicit zero passes
     allocate = adapters._ssd_bwd_outputs
     monkeypatch.setattr(adapters, "_ssd_bwd_outputs", lambda *a: [g.fill_(float("nan")) for g in allocate(*a)])
-    leaves = dict(x=torch.zeros(0, 8, 4, 64, dtype=torch.bfloat16, requires_grad=True),
-                  z=torch.zeros(0, 8, 4, 64, dtype=torch.bfloat16, requires_grad=True),
-                  A=torch.full((4,), -1.0, requires_grad=True), D=torch.ones(4, requires_grad=True),
-                  dt_bias=torch.zeros(4, requires_grad=True))
-    out = adapters.mamba_chunk_scan_combined(**_forward(**leaves, dt=torch.zeros(0, 8, 4, dtype=torch.bfloat16),
-                                                        B=torch.zeros(0, 8, 1, 64, dtype=torch.bfloat16),
-                                                        C=torch.zeros(0, 8, 1, 64, dtype=torch.bfloat16)))
+    leaves = dict(x=torch.zeros(batch, 8, heads, 64, dtype=torch.bfloat16, requires_grad=True),
+                  z=torch.zeros(batch, 8, heads, 64, dtype=torch.bfloat16, requires_grad=True),
+                  A=torch.full((heads,), -1.0, requires_grad=True), D=torch.ones(heads, requires_grad=True),
+                  dt_bias=torch.zeros(heads, requires_grad=True))
+    out = adapters.mamba_chunk_scan_combined(**_forward(**leaves, dt=torch.zeros(batch, 8, heads, dtype=torch.bfloat16),
+                                                        B=torch.zeros(batch, 8, 1, 64, dtype=torch.bfloat16),
+                                                        C=torch.zeros(batch, 8, 1, 64, dtype=torch.bfloat16)))
     out.float().sum().backward()
     assert [family for family, _ in launches.calls] == ["ssd_fwd"]
     for name in ("A", "D", "dt_bias"):
-        assert torch.equal(leaves[name].grad, torch.zeros(4)), name
-    assert leaves["x"].grad.shape == leaves["z"].grad.shape == (0, 8, 4, 64)
+        assert torch.equal(leaves[name].grad, torch.zeros(heads)), name
+    assert leaves["x"].grad.shape == leaves["z"].grad.shape == (batch, 8, heads, 64)

@@ -465,11 +465,11 @@ def preload(families=None, devices=None) -> list[tuple[str, int]]:
     return loaded
 
 
-def workspace_size(family: str, **kwargs) -> int:
+def workspace_size(family: str, *, stream=None, **kwargs) -> int:
     """Bytes of caller-owned workspace ``launch(family, ...)`` needs for these arguments (0 if none).
 
-    Takes any of the launch's keyword arguments (``ssd_fwd`` and ``ssd_bwd`` need x and B) and checks those it
-    reads as the launch would. Raises :class:`VariantNotFoundError` for an unknown family,
+    Takes any of the launch's keyword arguments (``ssd_fwd`` and ``ssd_bwd`` need x and B; ``stream`` is ignored)
+    and checks those it reads as the launch would. Raises :class:`VariantNotFoundError` for an unknown family,
     :class:`InvalidArgumentError` for a keyword the launch does not take, and its subclasses for a bad x or B."""
     plan = _plan(family)
     error = _keyword_error(plan, kwargs, required=False)

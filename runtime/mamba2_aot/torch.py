@@ -66,7 +66,7 @@ def _ssd_bwd(dout: torch.Tensor, dfinal_states: Optional[torch.Tensor], x: torch
     """The gradients of ``_ssd_fwd``'s inputs (dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states per
     sequence); an absent input's gradient is an empty tensor."""
     grads = _ssd_bwd_outputs(x, dt, A, B, C, D, z, dt_bias, initial_states, num_seqs)
-    if x.shape[0] == 0:  # no tokens: the per-head sums (dA, dD, ddt_bias) are zero, the rest is empty
+    if x.shape[0] == 0 or x.shape[2] == 0:  # no tokens or no heads: the sums dA, dD, ddt_bias are 0, the rest empty
         for g in grads:
             g.zero_()
         return grads

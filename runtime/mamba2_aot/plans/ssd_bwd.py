@@ -9,7 +9,8 @@ Call::
 
 The forward's arguments (x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states,
 initial_state_indices, seq_idx, cu_seqlens) are exactly ``ssd_fwd``'s (see plans/ssd_fwd.py), and so are its
-rules. The gradients:
+rules, but that batch and nheads must be at least 1 (an empty ``ssd_fwd`` call is a no-op; an empty backward's dA,
+dD and ddt_bias would be zero, and no launch writes only those). The gradients:
 
 =================  ==========================  ======  =============================================================
 argument           shape                       dtype   notes
@@ -288,11 +289,9 @@ class SsdBackwardPlan(CompositePlan):
         InvalidArgumentError subclasses."""
         expect_given(x=x, dt=dt, A=A, B=B, C=C, dout=dout, dx=dx, ddt=ddt, dA=dA, dB=dB, dC=dC, workspace=workspace)
         batch, seqlen, nheads, headdim = ssd_shape(x, B)
-        if nheads == 0:
-            return []  # every gradient is empty
-        if batch == 0:
-            raise ShapeError("x", "x: batch 0: dA, dD and ddt_bias of an empty batch are sums over no tokens, zero, "
-                             "and ssd_bwd has no launch that only writes them; zero them instead of calling")
+        if batch == 0 or nheads == 0:
+            raise ShapeError("x", f"x: shape {x.shape}: ssd_bwd needs batch >= 1 and nheads >= 1 (of an empty call's "
+                             "gradients only dA, dD and ddt_bias hold values: zero, sums over no tokens)")
         ngroups = B.shape[2]
         d_state = B.shape[3]
         io = x.dtype

@@ -242,17 +242,18 @@ FORWARD_WALK_PARAMS = (
 )
 
 
-def ssd_shape(x: DeviceArray, B: DeviceArray | None = None) -> tuple[int, int, int, int]:
-    """x (batch, seqlen, H, P) as ssd_fwd and ssd_bwd take it: bf16 / fp16, seqlen >= 1, P a multiple of 64; and,
-    when given, B (batch, seqlen, G, N) in x's dtype with G dividing H. Returns x's shape. Raises DTypeError or
+def ssd_shape(x: DeviceArray, B: DeviceArray) -> tuple[int, int, int, int]:
+    """x (batch, seqlen, H, P) and B (batch, seqlen, G, N) as ssd_fwd and ssd_bwd take them: bf16 / fp16, seqlen >= 1,
+    P a positive multiple of 64, N >= 1, B in x's dtype, G dividing H. Returns x's shape. Raises DTypeError or
     ShapeError (what ``workspace_size`` checks of a call, as its launch would)."""
     batch, seqlen, nheads, headdim = x_shape(x, IO_DTYPES, "seqlen")
     if seqlen < 1:
         raise ShapeError("x", f"x: seqlen (dim 1) must be >= 1, got shape {x.shape}")
-    if headdim % P_TILE:
-        raise ShapeError("x", f"x: headdim (dim 3) = {headdim} must be a multiple of {P_TILE}")
-    if B is not None:
-        expect_ssm_operand(B, x, expect_groups(B, nheads), "seqlen")
+    if headdim < P_TILE or headdim % P_TILE:
+        raise ShapeError("x", f"x: headdim (dim 3) = {headdim} must be a positive multiple of {P_TILE}")
+    expect_ssm_operand(B, x, expect_groups(B, nheads), "seqlen")
+    if B.shape[3] < 1:
+        raise ShapeError("B", f"B: d_state (dim 3) must be >= 1, got shape {B.shape}")
     return x.shape
 
 
@@ -270,10 +271,12 @@ class SsdForwardPlan(CompositePlan):
         what its split needs; 0 for calls that are not split or keep the entering states in chunk_states (packed
         sequences, chunk_states, one pool read and written in place), when those arguments are given too."""
         expect_given(x=x, B=B)
+        in_place = initial_states is not None and initial_states is final_states
+        if seq_idx is not None or cu_seqlens is not None or chunk_states is not None or in_place:
+            return 0
         x, B = as_device_array(x, "x"), as_device_array(B, "B")
         batch, seqlen, nheads, headdim = ssd_shape(x, B)
-        in_place = initial_states is not None and initial_states is final_states
-        if seq_idx is not None or cu_seqlens is not None or chunk_states is not None or in_place or not batch * nheads:
+        if batch * nheads == 0:
             return 0
         segments, _ = plan_handover(batch, seqlen, nheads, headdim, B.shape[3])
         if segments > 1:
@@ -306,7 +309,7 @@ class SsdForwardPlan(CompositePlan):
         dt_min, dt_max = expect_dt_limit(dt_limit)
         expect_given(x=x, dt=dt, A=A, B=B, C=C, out=out)
 
-        batch, seqlen, nheads, headdim = ssd_shape(x)
+        batch, seqlen, nheads, headdim = ssd_shape(x, B)
         expect_dim("x", "seqlen (dim 1)", seqlen)
         expect_dim("x", "nheads (dim 2)", nheads, maximum=GRID_YZ_MAX)
         params = {"chunk_size": chunk_size, "dt_softplus": int(dt_softplus), "dt_min": dt_min, "dt_max": dt_max}
