@@ -24,7 +24,7 @@ from kernel_src import cubin_checks, families, toolchain  # noqa: E402
 FAMILY, CONSTANTS = "ssd_chunk_cumsum", {"chunk_size": 64, "dt_dtype": "bf16"}
 
 
-def _arguments(tmp_path, family=FAMILY, constants=json.dumps(CONSTANTS), *more):
+def _arguments(tmp_path, family, constants, *more):
     """A compile's command line (``compile_variant``'s arguments) for sm_90a, its outputs in ``tmp_path``."""
     return ["--family", family, "--constants", constants, "--arch", "sm_90a",
             "--cubin", str(tmp_path / "x.cubin"), "--meta", str(tmp_path / "x.json"), *more]
