@@ -237,6 +237,17 @@ def test_unknown_family_lists_the_families_launch_takes(no_driver):
                                "ssd_chunk_cumsum, ssd_fwd, verify")   # (not the steps, which it refuses)
 
 
+@pytest.mark.parametrize("call", [runtime.preload, runtime.list_variants])
+def test_unknown_family_lists_the_steps_where_they_are_taken(no_driver, call):
+    with pytest.raises(VariantNotFoundError) as info:
+        call("ssd_bwd_chnk")
+    assert str(info.value) == ("unknown kernel family 'ssd_bwd_chnk'; known families and steps: conv1d_fwd, "
+                               "conv1d_verify, ssd_bwd, ssd_bwd_chunk, ssd_bwd_dstates, ssd_bwd_reduce, ssd_bwd_walks, "
+                               "ssd_chunk_cumsum, ssd_fwd, ssd_fwd_inline, ssd_fwd_paired, ssd_fwd_pass, "
+                               "ssd_fwd_states, verify")
+    assert driver._driver is None
+
+
 def test_a_misspelt_keyword_is_named_before_an_array_off_the_gpu(no_driver):
     args = {**cumsum_args(), "A": torch.zeros(4)}   # a CPU tensor
     with pytest.raises(InvalidArgumentError, match="did you mean 'chunk_size'") as info:

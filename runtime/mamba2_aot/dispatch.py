@@ -117,11 +117,13 @@ def launchable_families() -> list[str]:
     return sorted(name for name, plan in PLANS.items() if not isinstance(plan, StepPlan))
 
 
-def _plan(family: str) -> LaunchPlan:
+def _plan(family: str, *, steps_too: bool = False) -> LaunchPlan:
+    """``family``'s plan; VariantNotFoundError lists the names the caller takes (with ``steps_too``, the steps)."""
     plan = PLANS.get(family) if isinstance(family, str) else None
     if plan is None:
-        raise VariantNotFoundError(f"unknown kernel family {family!r}; known families: "
-                                   f"{', '.join(launchable_families())}")
+        known = f"families and steps: {', '.join(sorted(PLANS))}" if steps_too else \
+            f"families: {', '.join(launchable_families())}"
+        raise VariantNotFoundError(f"unknown kernel family {family!r}; known {known}")
     return plan
 
 
@@ -481,7 +483,7 @@ def workspace_size(family: str, *, stream=None, **kwargs) -> int:
 def _kernel_families(family: str) -> tuple[str, ...]:
     """The families whose kernels a launch of ``family`` runs (a composite's steps; else itself). Raises
     VariantNotFoundError for an unknown family."""
-    plan = _plan(family)
+    plan = _plan(family, steps_too=True)
     return plan.step_families if isinstance(plan, CompositePlan) else (family,)
 
 
