@@ -102,6 +102,10 @@ BAD = [
     ({"out": None}, errors.ArrayProtocolError, "out", "required, got None"),
     ({"rejected": fake_array(0x70000000, (2,), "int32")}, errors.ShapeError, "rejected",
      "expected shape (1,) (one int32 counter), got (2,)"),
+] + [({"state": fake_array(0x70000000, (SLOTS, H, P, n), "fp32"), "B": fake_array(0x71000000, (BATCH, T, G, n), "fp16"),
+       "C": fake_array(0x72000000, (BATCH, T, G, n), "fp16")}, errors.ShapeError, "state",
+      f"d_state (dim 3) = {n} must be a positive multiple of 32")
+     for n in (16, 0)  # (a warp's lanes split d_state: 16 divided by zero, 0 was reported as a stride)
 ] + [({"dt_softplus": flag}, errors.InvalidArgumentError, "dt_softplus", "expected a bool (or 0 / 1)")
      for flag in (1.0, "yes", None, 2)]  # the rule ssd_chunk_cumsum applies too (validation.expect_bool)
 

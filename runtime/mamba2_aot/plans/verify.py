@@ -185,8 +185,11 @@ class VerifyPlan(LaunchPlan):
         expect_dim("state", "num_slots (dim 0)", num_slots)
         expect_shape(state, (num_slots, nheads, headdim, d_state),
                      f"(num_slots, nheads, headdim, d_state) of {'out' if fused else 'x and B'}")
-        expect_state_blocks(state, d_state, "(slot, head)")
         # each lane reads d_state / 32 contiguous columns as one vector (the kernel's state_align)
+        if d_state < 32 or d_state % 32:
+            raise ShapeError("state", f"state: d_state (dim 3) = {d_state} must be a positive multiple of 32 (each "
+                             "of a warp's 32 lanes holds d_state / 32 columns)")
+        expect_state_blocks(state, d_state, "(slot, head)")
         lane_columns = d_state // 32
         if any(s % lane_columns for s in state.strides[:2]):
             raise StrideError("state", f"state: slot and head strides {state.strides[:2]} must be multiples of "
