@@ -3,8 +3,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mamba2_aot import errors  # noqa: E402
+from mamba2_aot import errors, tensors  # noqa: E402
 from mamba2_aot import torch as adapters  # noqa: E402
+from runtime_fakes import no_driver  # noqa: E402,F401  (fixture)
 
 
 def _forward(**over):
@@ -19,6 +20,8 @@ def _forward(**over):
     ({"return_varlen_states": True}, "cu_seqlens"),
     ({"seq_idx": torch.zeros(1, 8, dtype=torch.int32), "return_final_states": True}, "return_final_states"),
     ({"state_dtype": torch.int32}, "state_dtype"),
+    ({"dt_limit": (0.0,)}, "dt_limit"),       # (were a ValueError from unpacking, and a TypeError from int())
+    ({"chunk_size": None}, "chunk_size"),
 ])
 def test_chunk_scan_refusals_name_the_argument(over, argument):
     with pytest.raises(errors.InvalidArgumentError) as info:
@@ -127,6 +130,18 @@ def test_causal_conv1d_fn_hands_the_kernel_channel_last_views(launches):
     (lambda x, s, w: adapters.causal_conv1d_fn(x, w, final_states_out=s), "final_states_out"),
     (lambda x, s, w: adapters.causal_conv1d_update(x[..., 0], s, w, cache_seqlens=torch.zeros(2)), "cache_seqlens"),
     (lambda x, s, w: adapters.causal_conv1d_update(x[..., 0], torch.zeros(2, 16, 2), w), "conv_state"),
+    # checked before the launch, whose final states are copied into it (a size mismatch raised after the kernel ran)
+    (lambda x, s, w: adapters.causal_conv1d_fn(x, w, return_final_states=True, final_states_out=s[..., :2]),
+     "final_states_out"),
+    (lambda x, s, w: adapters.causal_conv1d_fn(x, w, return_final_states=True, final_states_out=s.double()),
+     "final_states_out"),
+    (lambda x, s, w: adapters.causal_conv1d_fn(x[0], w), "x"),                  # (an IndexError from transpose)
+    (lambda x, s, w: adapters.causal_conv1d_fn(x, w, seq_idx=torch.zeros(2, 9, dtype=torch.int32),
+                                               return_final_states=True), "return_final_states"),
+    (lambda x, s, w: adapters.causal_conv1d_fn(x, w, seq_idx=torch.zeros(2, 9, dtype=torch.int32),
+                                               initial_states=s), "initial_states"),
+    (lambda x, s, w: adapters.causal_conv1d_update(x[0, :, 0], s, w), "x"),
+    (lambda x, s, w: adapters.causal_conv1d_update(x[..., 0], torch.zeros(2, 15, 4), w), "conv_state"),  # not x's dim
 ])
 def test_causal_conv1d_refusals_name_the_argument(call, argument, launches):
     x, state, weight = torch.zeros(2, 16, 9), torch.zeros(2, 16, 3), torch.ones(16, 4)
@@ -215,3 +230,91 @@ def test_backward_of_an_empty_call_gives_zero_sums_without_a_launch(launches, mo
     for name in ("A", "D", "dt_bias"):
         assert torch.equal(leaves[name].grad, torch.zeros(heads)), name
     assert leaves["x"].grad.shape == leaves["z"].grad.shape == (batch, 8, heads, 64)
+
+
+def _decode_args(batch=2, slots=2, H=4, P=64, N=64):
+    return (torch.zeros(slots, H, P, N), torch.zeros(batch, H, P, dtype=torch.bfloat16),
+            torch.zeros(batch, H, dtype=torch.bfloat16), -torch.ones(H), torch.zeros(batch, 1, N, dtype=torch.bfloat16),
+            torch.zeros(batch, 1, N, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("change,argument", [
+    (lambda a: (a[0][:1],) + a[1:], "state"),              # a slot short: row 1 would have been a padding row
+    (lambda a: (a[0], a[1][:, 0]) + a[2:], "x"),           # no head dim beside a 4-dim state
+    (lambda a: a[:4] + (a[4][:, 0],) + a[5:], "B"),
+])
+def test_decode_refusals_name_the_argument(change, argument, launches):
+    with pytest.raises(errors.ShapeError) as info:
+        adapters.selective_state_update(*change(_decode_args()))
+    assert info.value.argument == argument and not launches.calls
+
+
+def test_chunk_scan_converts_int64_indices_as_the_conv_does(launches):
+    adapters.mamba_chunk_scan_combined(**_forward(seq_idx=torch.zeros(1, 8, dtype=torch.int64)))
+    adapters.mamba_chunk_scan_combined(**_forward(cu_seqlens=torch.tensor([0, 3, 8])), return_varlen_states=True)
+    (_, packed_by_seq_idx), (_, packed_by_cu) = launches.calls
+    assert packed_by_seq_idx["seq_idx"].dtype == packed_by_cu["cu_seqlens"].dtype == torch.int32
+    assert packed_by_cu["cu_seqlens"].tolist() == [0, 3, 8]
+
+
+@pytest.fixture
+def cpu_as_cuda(monkeypatch, no_driver):  # noqa: F811
+    """CPU tensors read as device 0's, so the runtime's own checks run on them (and nothing may be launched)."""
+    names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "int32",
+             torch.int64: "int64"}
+    monkeypatch.setattr(tensors, "_from_torch", lambda t, name, _: tensors.DeviceArray(
+        name, t.data_ptr(), tuple(t.shape), t.stride(), names[t.dtype], 0))
+
+
+@pytest.mark.parametrize("call,error,argument,message", [
+    (lambda x, s, w: adapters.causal_conv1d_fn(x, w[:15]), errors.ShapeError, "weight", "weight: expected shape"),
+    (lambda x, s, w: adapters.causal_conv1d_fn(x[..., :0], w), errors.ShapeError, "x",
+     "(of x.transpose(1, 2), the (batch, L, dim) view the kernel reads)"),
+    (lambda x, s, w: adapters.causal_conv1d_update(x[..., 0], s, w,
+                                                   conv_state_indices=torch.zeros(3, dtype=torch.int32)),
+     errors.ShapeError, "conv_state_indices", "conv_state_indices: expected shape (2,)"),
+    (lambda x, s, w: adapters.selective_state_update(*_decode_args(), state_batch_indices=torch.zeros(3)),
+     errors.DTypeError, "state_batch_indices", "state_batch_indices: expected dtype int32"),
+])
+def test_runtime_refusals_use_the_drop_ins_names(call, error, argument, message, cpu_as_cuda):
+    """The runtime's own checks, on the arrays the drop-ins hand it (xBC, conv_weight, state_indices), name the
+    caller's arguments."""
+    x, state, weight = torch.zeros(2, 16, 9), torch.zeros(2, 16, 3), torch.ones(16, 4)
+    with pytest.raises(error) as info:
+        call(x, state, weight)
+    assert info.value.argument == argument and message in str(info.value)
+    assert "xBC" not in str(info.value) and "conv_weight" not in str(info.value)
+
+
+def test_a_cpu_tensor_is_named_as_the_caller_passed_it():
+    with pytest.raises(errors.DeviceError, match="^x: expected a CUDA tensor") as info:
+        adapters.causal_conv1d_fn(torch.zeros(2, 16, 9), torch.ones(16, 4))
+    assert info.value.argument == "x"
+
+
+def test_the_checks_trace_whole_under_torch_compile(launches):
+    """torch.compile(fullgraph=True) traces each drop-in, its argument checks included (a graph break raises), and the
+    compiled calls hand the runtime what the eager ones do."""
+    bf = torch.bfloat16
+    conv_x, conv_state, weight = torch.zeros(2, 16, 9), torch.zeros(2, 16, 4), torch.ones(16, 4)
+
+    def calls():   # (returning the outputs, which the compiled graph would otherwise drop with their ops)
+        return (adapters.mamba_chunk_scan_combined(**_forward(dt_limit=(0.0, 10.0),
+                                                              seq_idx=torch.zeros(1, 8, dtype=torch.int64))),
+                adapters.causal_conv1d_fn(conv_x, weight, return_final_states=True,
+                                          final_states_out=torch.empty(2, 16, 3)),
+                adapters.causal_conv1d_update(conv_x[..., 0], conv_state, weight,
+                                              conv_state_indices=torch.tensor([1, 0])),
+                adapters.selective_state_update(*_decode_args(), state_batch_indices=torch.tensor([1, 0])))
+
+    def summary(recorded):
+        return sorted(((family, {k: (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v
+                                 for k, v in kw.items()}) for family, kw in recorded),
+                      key=lambda call: call[0])   # (the compiled graph may order independent ops otherwise)
+
+    calls()
+    eager = summary(launches.calls)
+    launches.calls.clear()
+    torch.compile(calls, fullgraph=True, backend="aot_eager")()
+    assert [family for family, _ in eager] == ["conv1d_fwd", "conv1d_verify", "ssd_fwd", "verify"]
+    assert summary(launches.calls) == eager

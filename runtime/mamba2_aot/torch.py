@@ -12,20 +12,24 @@ allocated with torch and the kernels run on torch's current stream. They are ``t
 them; for CUDA-graph capture call ``mamba2_aot.preload()`` first (kernels are loaded outside capture).
 
 Importing this module needs torch; the rest of the package never imports it. Errors are the runtime's typed
-errors (``mamba2_aot.errors``), raised before anything is launched. ``mamba_chunk_scan_combined`` is
+errors (``mamba2_aot.errors``), raised before anything is launched and naming the drop-in's own arguments (the conv
+ops' shapes as the caller passed them, or said to be the transposed view's). ``mamba_chunk_scan_combined`` is
 differentiable: its backward is the custom op ``mamba2_aot::ssd_bwd`` (the ``ssd_bwd`` kernels; bitwise
 reproducible gradients). Not yet: ``return_final_states`` together with ``seq_idx`` (pass ``cu_seqlens``).
 """
 from __future__ import annotations
 
+import contextlib
+import re
 from typing import Optional
 
 import torch
 
 from . import runtime
-from .errors import InvalidArgumentError, ShapeError
+from .errors import DeviceError, DTypeError, InvalidArgumentError, ShapeError, StrideError
 from .plans.ssd_fwd import expect_vector_operand
 from .tensors import as_device_array
+from .validation import expect_dt_limit, expect_int
 
 _STATE_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -140,8 +144,9 @@ def _state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: tor
                   C: torch.Tensor, D: Optional[torch.Tensor], z: Optional[torch.Tensor],
                   dt_bias: Optional[torch.Tensor], dt_softplus: bool, state_indices: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(x)
-    runtime.launch("verify", mode="update", state=state, x=x, dt=dt, A=A, B=B, C=C, out=out, D=D, z=z,
-                   dt_bias=dt_bias, dt_softplus=dt_softplus, state_indices=state_indices)
+    with _caller_names({"state_indices": "state_batch_indices"}):
+        runtime.launch("verify", mode="update", state=state, x=x, dt=dt, A=A, B=B, C=C, out=out, D=D, z=z,
+                       dt_bias=dt_bias, dt_softplus=dt_softplus, state_indices=state_indices)
     return out
 
 
@@ -157,7 +162,7 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
 
     x (batch, L, H, P) bf16/fp16; dt (batch, L, H) in x's dtype; A (H,) (<= 0); B, C (batch, L, G, N);
     D (H,) or (H, P); z like x; dt_bias (H,) (A, D, dt_bias are used in fp32); initial_states (batch, H, P, N);
-    seq_idx (batch, L) int32; cu_seqlens (num_seqs + 1,) int32; chunk_size 64, 128 or 256.
+    seq_idx (batch, L) and cu_seqlens (num_seqs + 1,) int32 (int64 is converted); chunk_size 64, 128 or 256.
 
     Returns ``out`` (batch, L, H, P), then ``final_states`` (batch, H, P, N) fp32 if return_final_states, then
     ``varlen_states`` (num_seqs, H, P, N) in ``state_dtype`` (default C's dtype) if return_varlen_states (needs
@@ -178,6 +183,9 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     if varlen_dtype not in _STATE_DTYPES:
         raise InvalidArgumentError("state_dtype", f"state_dtype: expected one of {list(_STATE_DTYPES)}, got "
                                    f"{state_dtype}")
+    chunk_size = expect_int("chunk_size", chunk_size, minimum=1)
+    lo, hi = expect_dt_limit(dt_limit)
+    seq_idx, cu_seqlens = _int32_indices(seq_idx), _int32_indices(cu_seqlens)
     packed_by_cu = cu_seqlens is not None and (return_varlen_states or (seq_idx is not None and x.shape[0] == 1))
     cu_seqlens = cu_seqlens if packed_by_cu else None
     initial_state_indices = None
@@ -205,10 +213,9 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
         num_states = 0
     else:
         num_states = x.shape[0] if return_final_states else 0
-    lo, hi = dt_limit
-    out, finals = _ssd_fwd(x, dt, A.float(), B, C, int(chunk_size), _fp32(D), z, _fp32(dt_bias), initial_states,
-                           initial_state_indices, seq_idx, cu_seqlens, bool(dt_softplus), float(lo), float(hi),
-                           num_states, packed_by_cu)
+    out, finals = _ssd_fwd(x, dt, A.float(), B, C, chunk_size, _fp32(D), z, _fp32(dt_bias), initial_states,
+                           initial_state_indices, seq_idx, cu_seqlens, bool(dt_softplus), lo, hi, num_states,
+                           packed_by_cu)
     result = [out]
     if return_final_states:
         result.append(finals[-1:] if packed_by_cu else finals)  # a row's final state: its last sequence's
@@ -244,12 +251,22 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     state (batch or num_slots, H, P, N) fp32/bf16/fp16; x (batch, H, P) bf16/fp16/fp32; dt (batch, H, P) in x's
     dtype with stride 0 along P (Mamba-2's tied dt, as ``dt[..., None].expand``) or (batch, H); A (H, P, N) tied
     (strides 0 along P, N) or (H,); B, C (batch, G, N) in x's dtype; D (H, P) or (H,); z like x; dt_bias (H, P)
-    tied or (H,) (A, D, dt_bias are used in fp32); state_batch_indices (batch,) integers (default: row b uses
+    tied or (H,) (A, D, dt_bias are used in fp32); state_batch_indices (batch,) int32 or int64 (default: row b uses
     slot b; negative: a padding row, output zero). The 3-dim forms without a head dim work
     too (one head). Returns out (batch, H, P) (or (batch, P)). Per-dim (untied) A, dt or dt_bias are Mamba-1
     and not supported: InvalidArgumentError.
     """
+    _expect_rank("state", state, {3: "(batch or num_slots, dim, d_state)",
+                                  4: "(batch or num_slots, nheads, headdim, d_state)"})
     has_heads = state.dim() > 3
+    heads, groups = ("nheads, ", "ngroups, ") if has_heads else ("", "")
+    for name, t, dims in (("x", x, f"(batch, {heads}headdim)"), ("z", z, f"(batch, {heads}headdim)"),
+                          ("B", B, f"(batch, {groups}d_state)"), ("C", C, f"(batch, {groups}d_state)")):
+        if t is not None:
+            _expect_rank(name, t, {state.dim() - 1: f"{dims} beside a state of {state.dim()} dims"})
+    if state_batch_indices is None and state.shape[0] < x.shape[0]:
+        raise ShapeError("state", f"state: {state.shape[0]} slots for a batch of {x.shape[0]} (row b updates slot b "
+                         "unless state_batch_indices says otherwise)")
     if not has_heads:
         state, x, dt, z = state.unsqueeze(1), x.unsqueeze(1), dt.unsqueeze(1), None if z is None else z.unsqueeze(1)
         B, C = B.unsqueeze(1), C.unsqueeze(1)
@@ -265,7 +282,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         state_batch_indices = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
     out = _state_update(state, x[:, None], dt[:, None], A.float(), B[:, None], C[:, None], _fp32(D),
                         None if z is None else z[:, None], _fp32(dt_bias), bool(dt_softplus),
-                        state_batch_indices.to(torch.int32))[:, 0]
+                        _int32_indices(state_batch_indices))[:, 0]
     return out if has_heads else out[:, 0]
 
 
@@ -283,6 +300,40 @@ def _per_head(name: str, t: torch.Tensor, rank: int, expanded: int) -> torch.Ten
     return t[(slice(None),) * rank + (0,) * expanded]
 
 
+# the runtime's names for the conv drop-ins' arguments; it reads x (batch, dim, L) as its (batch, L, dim) view
+_CONV_NAMES = {"xBC": "x", "conv_weight": "weight", "conv_bias": "bias"}
+_TRANSPOSED = {"x": "x.transpose(1, 2), the (batch, L, dim) view the kernel reads"}
+
+
+@contextlib.contextmanager
+def _caller_names(names: dict[str, str]):
+    """The runtime's argument errors re-raised under the drop-in's argument names (``{runtime's: caller's}``), so a
+    message names what the caller passed; a shape or stride in it that is a transposed view's says so."""
+    try:
+        yield
+    except InvalidArgumentError as exc:
+        caller = names.get(exc.argument)
+        if caller is None:
+            raise
+        words = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
+        message = words.sub(lambda m: names[m[1]], str(exc))
+        if caller in _TRANSPOSED and isinstance(exc, (ShapeError, StrideError)):
+            message += f" (of {_TRANSPOSED[caller]})"
+        raise type(exc)(caller, message) from exc
+
+
+def _int32_indices(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Index tensors as the kernels read them: int64 (torch's default) converted to int32; other dtypes are left
+    for the runtime to refuse, rather than rounded."""
+    return t.to(torch.int32) if t is not None and t.dtype == torch.int64 else t
+
+
+def _expect_rank(name: str, t: torch.Tensor, layouts: dict[int, str]) -> None:
+    """A ShapeError in the caller's terms unless ``t`` has one of ``layouts``' ranks (rank -> its dims' names)."""
+    if t.dim() not in layouts:
+        raise ShapeError(name, f"{name}: expected {' or '.join(layouts.values())}, got shape {tuple(t.shape)}")
+
+
 @torch.library.custom_op("mamba2_aot::conv1d_fwd", mutates_args=())
 def _conv1d_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], seq_idx: Optional[torch.Tensor],
                 initial_states: Optional[torch.Tensor], silu: bool,
@@ -291,9 +342,10 @@ def _conv1d_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     out = torch.empty_like(x)
     width = weight.shape[1]
     final_states = x.new_empty((x.shape[0] if return_final_states else 0, x.shape[1], width - 1))
-    runtime.launch("conv1d_fwd", xBC=x.transpose(1, 2), conv_weight=weight, conv_bias=bias, out=out.transpose(1, 2),
-                   activation="silu" if silu else None, seq_idx=seq_idx, initial_states=initial_states,
-                   final_states=final_states if return_final_states else None)
+    with _caller_names(_CONV_NAMES):
+        runtime.launch("conv1d_fwd", xBC=x.transpose(1, 2), conv_weight=weight, conv_bias=bias,
+                       out=out.transpose(1, 2), activation="silu" if silu else None, seq_idx=seq_idx,
+                       initial_states=initial_states, final_states=final_states if return_final_states else None)
     return out, final_states
 
 
@@ -306,9 +358,10 @@ def _(x, weight, bias, seq_idx, initial_states, silu, return_final_states):
 def _conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                    silu: bool, state_indices: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(x)   # (batch, dim, T)
-    runtime.launch("conv1d_verify", mode="update", conv_state=conv_state, xBC=x.transpose(1, 2), conv_weight=weight,
-                   conv_bias=bias, out=out.transpose(1, 2), activation="silu" if silu else None,
-                   state_indices=state_indices)
+    with _caller_names({**_CONV_NAMES, "state_indices": "conv_state_indices"}):
+        runtime.launch("conv1d_verify", mode="update", conv_state=conv_state, xBC=x.transpose(1, 2),
+                       conv_weight=weight, conv_bias=bias, out=out.transpose(1, 2),
+                       activation="silu" if silu else None, state_indices=state_indices)
     return out
 
 
@@ -339,17 +392,38 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, re
     ``final_states_out`` when given).
     """
     silu = _conv_activation(activation)
-    if final_states_out is not None and not return_final_states:
-        raise InvalidArgumentError("final_states_out", "final_states_out: given without return_final_states=True")
+    _expect_rank("x", x, {3: "(batch, dim, L)"})
+    _expect_rank("weight", weight, {2: "(dim, width)"})
+    if seq_idx is not None and (initial_states is not None or return_final_states):
+        name = "initial_states" if initial_states is not None else "return_final_states"
+        raise InvalidArgumentError(name, f"{name}: not supported with seq_idx (nor in the causal_conv1d package)")
+    if final_states_out is not None:
+        _expect_final_states_out(final_states_out, x, weight, return_final_states)
     initial_states = None if initial_states is None else initial_states.to(x.dtype)   # one state dtype: x's
-    out, finals = _conv1d_fwd(x, weight.float(), _fp32(bias), None if seq_idx is None else seq_idx.to(torch.int32),
-                              initial_states, silu, bool(return_final_states))
+    out, finals = _conv1d_fwd(x, weight.float(), _fp32(bias), _int32_indices(seq_idx), initial_states, silu,
+                              bool(return_final_states))
     if not return_final_states:
         return out
     if final_states_out is not None:
         final_states_out.copy_(finals)
         finals = final_states_out
     return out, finals
+
+
+def _expect_final_states_out(final_states_out, x, weight, return_final_states) -> None:
+    """``final_states_out`` can take the final states: checked before the launch, which writes them to it after."""
+    if not return_final_states:
+        raise InvalidArgumentError("final_states_out", "final_states_out: given without return_final_states=True")
+    expected = (x.shape[0], x.shape[1], weight.shape[1] - 1)
+    if tuple(final_states_out.shape) != expected:
+        raise ShapeError("final_states_out", f"final_states_out: expected shape {expected} (batch, dim, width - 1), "
+                         f"got {tuple(final_states_out.shape)}")
+    if final_states_out.dtype != x.dtype:
+        raise DTypeError("final_states_out", f"final_states_out: expected x's dtype {x.dtype}, got "
+                         f"{final_states_out.dtype}")
+    if final_states_out.device != x.device:
+        raise DeviceError("final_states_out", f"final_states_out: expected x's device {x.device}, got "
+                          f"{final_states_out.device}")
 
 
 def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cache_seqlens=None,
@@ -360,25 +434,31 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cach
     x (batch, dim) or (batch, dim, T); conv_state (batch or num_slots, dim, state_len >= width - 1) in x's dtype
     or fp32, updated in place: its last width - 1 columns, the only ones the conv reads (state-spaces/mamba's
     cache has state_len = width; the columns before are left as they were); weight (dim, width), width 2..4;
-    bias (dim,); conv_state_indices (batch,) integers (row b uses that slot; negative: a padding row, output zero;
+    bias (dim,); conv_state_indices (batch,) int32 or int64 (row b uses that slot; negative: a padding row, output zero;
     default: slot b). Returns out shaped like x. Not supported (typed error): ``cache_seqlens`` (a circular state).
     """
     silu = _conv_activation(activation)
     if cache_seqlens is not None:
         raise InvalidArgumentError("cache_seqlens", "cache_seqlens: the circular conv state is not supported; keep "
                                    "the state as the last width - 1 inputs")
+    _expect_rank("x", x, {2: "(batch, dim)", 3: "(batch, dim, T)"})
+    _expect_rank("conv_state", conv_state, {3: "(batch or num_slots, dim, state_len)"})
+    _expect_rank("weight", weight, {2: "(dim, width)"})
+    if conv_state.shape[1] != x.shape[1]:
+        raise ShapeError("conv_state", f"conv_state: expected (batch or num_slots, dim = {x.shape[1]} as x, "
+                         f"state_len), got shape {tuple(conv_state.shape)}")
     held = weight.shape[1] - 1
-    if conv_state.dim() == 3 and conv_state.shape[2] < held:
+    if conv_state.shape[2] < held:
         raise ShapeError("conv_state", f"conv_state: state length {conv_state.shape[2]} is shorter than width - 1 = "
                          f"{held}")
-    if conv_state.dim() == 3 and conv_state.shape[2] > held:
+    if conv_state.shape[2] > held:
         # state-spaces/mamba's inference cache holds d_conv columns; the conv reads only the last width - 1
         conv_state = conv_state[..., -held:]
     single = x.dim() == 2
     rows = x[..., None] if single else x
     if conv_state_indices is None:
         conv_state_indices = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
-    out = _conv1d_update(rows, conv_state, weight.float(), _fp32(bias), silu, conv_state_indices.to(torch.int32))
+    out = _conv1d_update(rows, conv_state, weight.float(), _fp32(bias), silu, _int32_indices(conv_state_indices))
     return out[..., 0] if single else out
 
 
