@@ -320,6 +320,15 @@ def test_identical_calls_reuse_validation(fake_runtime, monkeypatch):
     assert unpack_params(fake_runtime.launches[2], LAYOUT)["dt_softplus"] == 1
 
 
+@pytest.mark.parametrize("option, equal_but_refused", [("dt_softplus", 1.0), ("chunk_size", 64.0)])
+def test_a_remembered_call_does_not_admit_an_equal_value_of_another_type(fake_runtime, option, equal_but_refused):
+    args = cumsum_args(Q=64)
+    runtime.launch("ssd_chunk_cumsum", **{**args, option: {"dt_softplus": True, "chunk_size": 64}[option]})
+    with pytest.raises(InvalidArgumentError) as info:   # (it was launched: the memo's key compared 1.0 == True)
+        runtime.launch("ssd_chunk_cumsum", **{**args, option: equal_but_refused})
+    assert info.value.argument == option and len(fake_runtime.launches) == 1
+
+
 def test_concurrent_first_launches_load_once(fake_runtime):
     barrier = threading.Barrier(8)
     errors = []

@@ -245,7 +245,8 @@ def _validated(plan: LaunchPlan, kwargs: dict) -> tuple[BoundCall, tuple, int | 
 
 def _remembered(plan: LaunchPlan, kwargs: dict, validate):
     """``validate(memoisable)`` for this call, or its result for an identical recent call (see :func:`_validated`)."""
-    key = (plan.family, *kwargs.items())
+    # the values' types too: 1.0 == True and 256.0 == 256, which validation refuses where it takes a bool / an int
+    key = (plan.family, *kwargs.items(), *map(type, kwargs.values()))
     try:
         memo = _recent_calls.get(key)
     except TypeError:
