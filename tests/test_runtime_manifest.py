@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import mamba2_aot
-from mamba2_aot import (CubinNotInstalledError, CubinPackageError, ManifestError, Sha256MismatchError,
+from mamba2_aot import (CubinNotInstalledError, ManifestError, Sha256MismatchError,
                         UnvalidatedVariantError, VariantNotFoundError, VersionLockError, manifest)
 from runtime_fakes import mark_unvalidated, write_cubin_dir
 
@@ -75,6 +75,8 @@ def test_unknown_schema(tmp_path):
     (lambda d: d["variants"][0].update(experiments="bwd_products_ahead"), "'experiments' should be list"),
     (lambda d: d["variants"][0].update(experiments=[1]), "'experiments' should be a list of strings"),
     (lambda d: d["variants"][0].update(validated="false"), "'validated' should be bool"),
+    (lambda d: d["variants"][0]["constants"].update(chunk_size=[64]), "'constants' values should be strings, ints or "
+                                                                      "booleans, got {'chunk_size': \\[64\\]}"),
     (lambda d: d["variants"][0].update(experiments=["bwd_products_ahead"]), "built with the experiments .* but marked "
                                                                             "validated"),
 ])
@@ -103,11 +105,15 @@ def test_sha256_mismatch_detected_and_skippable(tmp_path, monkeypatch):
     assert manifest.read_cubin(v) == b"X" * v.size
 
 
-def test_missing_cubin_file(tmp_path):
+@pytest.mark.parametrize("override, fix", [(False, "reinstall it: pip install --force-reinstall "
+                                                   "'mamba2_aot_cubins_sm90=="),
+                                           (True, "rebuild that directory \\(scons\\)")])
+def test_missing_cubin_file(tmp_path, monkeypatch, override, fix):
     pkg = write_cubin_dir(tmp_path)
+    monkeypatch.setenv(manifest.ENV_CUBIN_DIR, str(pkg) if override else "")
     v = manifest.load_manifest(pkg / "manifest.json").variants[0]
     v.path.unlink()
-    with pytest.raises(CubinPackageError, match="is missing"):
+    with pytest.raises(ManifestError, match=f"is missing from mamba2_aot_cubins_sm90 at .*; {fix}"):
         manifest.read_cubin(v)
 
 

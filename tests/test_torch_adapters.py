@@ -295,7 +295,6 @@ def test_a_cpu_tensor_is_named_as_the_caller_passed_it():
 def test_the_checks_trace_whole_under_torch_compile(launches):
     """torch.compile(fullgraph=True) traces each drop-in, its argument checks included (a graph break raises), and the
     compiled calls hand the runtime what the eager ones do."""
-    bf = torch.bfloat16
     conv_x, conv_state, weight = torch.zeros(2, 16, 9), torch.zeros(2, 16, 4), torch.ones(16, 4)
 
     def calls():   # (returning the outputs, which the compiled graph would otherwise drop with their ops)

@@ -151,6 +151,15 @@ def _names(obj: dict, key: str, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _constants(row: dict, where: str) -> MappingProxyType:
+    """The ``constants`` object: names to strings, ints or booleans (the values a variant's lookup key hashes)."""
+    value = _get(row, "constants", dict, where)
+    bad = {k: v for k, v in value.items() if not isinstance(v, (str, int))}  # (bool is an int)
+    if bad:
+        raise ManifestError(f"{where}: 'constants' values should be strings, ints or booleans, got {bad!r}")
+    return MappingProxyType(dict(value))
+
+
 def _validation(row: dict, where: str) -> dict:
     """The optional ``experiments`` (absent: none) and ``validated`` (a JSON boolean; absent: True) fields. An entry
     built with experiments must say false: anything else would let an experiment's cubin run without the opt-in."""
@@ -211,7 +220,7 @@ def parse_manifest(data: dict, path: Path, *, expected_version: str = __version_
         variants.append(Variant(
             family=_get(row, "family", str, vwhere),
             key=_get(row, "key", str, vwhere),
-            constants=MappingProxyType(dict(_get(row, "constants", dict, vwhere))),
+            constants=_constants(row, vwhere),
             path=root.joinpath(*rel.parts),
             sha256=_get(row, "sha256", str, vwhere),
             size=_get(row, "size", int, vwhere),
@@ -242,14 +251,18 @@ def read_cubin(variant: Variant, *, verify: bool | None = None) -> bytes:
     """The cubin's bytes, after checking size and sha256 against the manifest.
 
     ``verify=None`` checks unless ``MAMBA2_AOT_SKIP_SHA256=1``. Raises :class:`Sha256MismatchError` or
-    :class:`CubinPackageError` (file missing).
+    :class:`ManifestError` (file missing).
     """
     try:
         image = variant.path.read_bytes()
     except OSError as exc:
-        raise CubinPackageError(f"cubin of {variant.key} is missing from {variant.manifest.package} ({exc}); "
-                                f"reinstall it: pip install --force-reinstall '{variant.manifest.package}=="
-                                f"{variant.manifest.version}'") from None
+        m = variant.manifest
+        overrides, _ = _override_manifest_paths(os.environ.get(ENV_CUBIN_DIR, ""))
+        fix = (f"rebuild that directory (scons), or point {ENV_CUBIN_DIR} elsewhere"
+               if m.path.resolve() in {p.resolve() for p in overrides}
+               else f"reinstall it: pip install --force-reinstall '{m.package}=={m.version}'")
+        raise ManifestError(f"cubin of {variant.key} is missing from {m.package} at {m.path.parent} ({exc}); "
+                            f"{fix}") from None
     if verify is None:
         verify = not env_flag(ENV_SKIP_SHA256)
     if verify:
