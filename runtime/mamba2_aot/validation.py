@@ -226,7 +226,8 @@ def expect_mode_args(mode: str, needed_by_mode: dict, **given) -> None:
         if name in needed and value is None:
             raise InvalidArgumentError(name, f"{name}: required in {mode} mode")
         if name not in needed and value is not None:
-            raise InvalidArgumentError(name, f"{name}: not used in {mode} mode (it takes {needed or 'neither'})")
+            takes = f" (it takes {', '.join(needed)})" if needed else ""
+            raise InvalidArgumentError(name, f"{name}: not used in {mode} mode{takes}")
 
 
 def expect_dt_limit(dt_limit) -> tuple[float, float]:
