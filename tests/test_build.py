@@ -540,6 +540,15 @@ def test_a_misspelt_build_option_stops_the_build(option, says):
     assert says in proc.stdout + proc.stderr
 
 
+def test_help_lists_the_options_without_expanding_the_variants():
+    """``scons -h`` prints the build options and stops: it expanded (and imported) every variant first, about a
+    minute for config=full, which sm_120a's skipped-variant lines show."""
+    proc = _scons(ROOT, "-h", "arch=sm120")
+    assert proc.returncode == 0
+    assert all(f"\n{option}: " in proc.stdout for option in ("arch", "config", "experiment"))
+    assert "skipped" not in proc.stdout
+
+
 @pytest.fixture(scope="module")
 def compile_once(tmp_path_factory):
     """:func:`_compile`, each (arch, family, constants) compiled once for the module's tests that read the same
