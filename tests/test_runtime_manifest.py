@@ -108,13 +108,23 @@ def test_sha256_mismatch_detected_and_skippable(tmp_path, monkeypatch):
 @pytest.mark.parametrize("override, fix", [(False, "reinstall it: pip install --force-reinstall "
                                                    "'mamba2_aot_cubins_sm90=="),
                                            (True, "rebuild that directory \\(scons\\)")])
-def test_missing_cubin_file(tmp_path, monkeypatch, override, fix):
+def test_missing_cubin_file(tmp_path, override, fix):
     pkg = write_cubin_dir(tmp_path)
-    monkeypatch.setenv(manifest.ENV_CUBIN_DIR, str(pkg) if override else "")
-    v = manifest.load_manifest(pkg / "manifest.json").variants[0]
+    found = manifest.discover({manifest.ENV_CUBIN_DIR: str(pkg)}) if override else None
+    v = (found.manifests[0] if override else manifest.load_manifest(pkg / "manifest.json")).variants[0]
     v.path.unlink()
     with pytest.raises(ManifestError, match=f"is missing from mamba2_aot_cubins_sm90 at .*; {fix}"):
         manifest.read_cubin(v)
+
+
+def test_a_relative_override_names_the_directory_it_was_found_in(tmp_path, monkeypatch):
+    write_cubin_dir(tmp_path / "stage")
+    monkeypatch.chdir(tmp_path)
+    found = manifest.discover({manifest.ENV_CUBIN_DIR: "stage"})
+    monkeypatch.chdir("/")
+    v = found.manifests[0].variants[0]   # (it was looked for under / when the cubin was read)
+    assert found.manifests[0].built_here and v.path.is_relative_to(tmp_path)
+    assert manifest.read_cubin(v) == v.path.read_bytes()
 
 
 def test_discover_override_dir_forms(tmp_path):

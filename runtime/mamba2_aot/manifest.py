@@ -122,6 +122,7 @@ class Manifest:
     compute_capability: tuple[int, int]
     toolchain: MappingProxyType
     variants: tuple[Variant, ...] = ()
+    built_here: bool = False  # found through MAMBA2_AOT_CUBIN_DIR (a build's stage), not an installed package
 
 
 def _get(obj: dict, key: str, kind, where: str):
@@ -187,8 +188,10 @@ def _parse_params(rows: list, where: str) -> tuple[Param, ...]:
     return tuple(params)
 
 
-def parse_manifest(data: dict, path: Path, *, expected_version: str = __version__) -> Manifest:
-    """Check and convert one manifest's JSON. Raises :class:`ManifestError` or :class:`VersionLockError`."""
+def parse_manifest(data: dict, path: Path, *, expected_version: str = __version__, built_here: bool = False
+                   ) -> Manifest:
+    """Check and convert one manifest's JSON (``built_here``: see :class:`Manifest`). Raises :class:`ManifestError`
+    or :class:`VersionLockError`."""
     where = str(path)
     if not isinstance(data, dict):
         raise ManifestError(f"{where}: not a JSON object")
@@ -209,7 +212,7 @@ def parse_manifest(data: dict, path: Path, *, expected_version: str = __version_
     if len(cc) != 2 or not all(isinstance(v, int) for v in cc):
         raise ManifestError(f"{where}: 'compute_capability' should be [major, minor], got {cc!r}")
     manifest = Manifest(path, package, version, _get(data, "arch", str, where), tuple(cc),
-                        MappingProxyType(dict(_get(data, "toolchain", dict, where))))
+                        MappingProxyType(dict(_get(data, "toolchain", dict, where))), built_here=built_here)
     root = path.parent
     variants = []
     for i, row in enumerate(_get(data, "variants", list, where)):
@@ -238,13 +241,13 @@ def parse_manifest(data: dict, path: Path, *, expected_version: str = __version_
     return manifest
 
 
-def load_manifest(path: Path, *, expected_version: str = __version__) -> Manifest:
+def load_manifest(path: Path, *, expected_version: str = __version__, built_here: bool = False) -> Manifest:
     """Read and parse ``path``. Raises :class:`ManifestError` (unreadable/invalid) or :class:`VersionLockError`."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise ManifestError(f"{path}: cannot read manifest ({exc})") from None
-    return parse_manifest(data, Path(path), expected_version=expected_version)
+    return parse_manifest(data, Path(path), expected_version=expected_version, built_here=built_here)
 
 
 def read_cubin(variant: Variant, *, verify: bool | None = None) -> bytes:
@@ -257,9 +260,7 @@ def read_cubin(variant: Variant, *, verify: bool | None = None) -> bytes:
         image = variant.path.read_bytes()
     except OSError as exc:
         m = variant.manifest
-        overrides, _ = _override_manifest_paths(os.environ.get(ENV_CUBIN_DIR, ""))
-        fix = (f"rebuild that directory (scons), or point {ENV_CUBIN_DIR} elsewhere"
-               if m.path.resolve() in {p.resolve() for p in overrides}
+        fix = (f"rebuild that directory (scons), or point {ENV_CUBIN_DIR} elsewhere" if m.built_here
                else f"reinstall it: pip install --force-reinstall '{m.package}=={m.version}'")
         raise ManifestError(f"cubin of {variant.key} is missing from {m.package} at {m.path.parent} ({exc}); "
                             f"{fix}") from None
@@ -425,6 +426,7 @@ def _listing(variants, *, with_arch: bool = False) -> str:
 def _override_manifest_paths(value: str) -> tuple[list[Path], list[Problem]]:
     paths, problems = [], []
     for directory in filter(None, value.split(os.pathsep)):
+        directory = os.path.abspath(directory)  # (a relative one names the directory as it was found, not later)
         found = [Path(directory) / "manifest.json"] if (Path(directory) / "manifest.json").is_file() else []
         found += sorted(Path(p) for p in glob.glob(os.path.join(glob.escape(directory), "*", "manifest.json")))
         if not found:
@@ -469,7 +471,7 @@ def discover(environ=os.environ) -> Catalog:
             continue
         seen.add(real)
         try:
-            manifests.append(load_manifest(path))
+            manifests.append(load_manifest(path, built_here=path in override_paths))
         except CubinPackageError as exc:
             problems.append(Problem(str(path.parent), exc, _package_of(path)))
     return Catalog(manifests, problems, allow_unvalidated=env_flag(ENV_ALLOW_UNVALIDATED, environ))
