@@ -135,6 +135,8 @@ def test_causal_conv1d_fn_hands_the_kernel_channel_last_views(launches):
      "final_states_out"),
     (lambda x, s, w: adapters.causal_conv1d_fn(x, w, return_final_states=True, final_states_out=s.double()),
      "final_states_out"),
+    (lambda x, s, w: adapters.causal_conv1d_fn(x, w, return_final_states=True, final_states_out=s[..., :1].expand(
+        2, 16, 3)), "final_states_out"),   # (overlapping: copy_ raised after the launch)
     (lambda x, s, w: adapters.causal_conv1d_fn(x[0], w), "x"),                  # (an IndexError from transpose)
     (lambda x, s, w: adapters.causal_conv1d_fn(x, w, seq_idx=torch.zeros(2, 9, dtype=torch.int32),
                                                return_final_states=True), "return_final_states"),
@@ -240,13 +242,30 @@ def _decode_args(batch=2, slots=2, H=4, P=64, N=64):
 
 @pytest.mark.parametrize("change,argument", [
     (lambda a: (a[0][:1],) + a[1:], "state"),              # a slot short: row 1 would have been a padding row
-    (lambda a: (a[0], a[1][:, 0]) + a[2:], "x"),           # no head dim beside a 4-dim state
-    (lambda a: a[:4] + (a[4][:, 0],) + a[5:], "B"),
+    (lambda a: (a[0], a[1][:, :, None]) + a[2:], "x"),
+    (lambda a: a[:4] + (a[4][:, :, None],) + a[5:], "B"),
 ])
 def test_decode_refusals_name_the_argument(change, argument, launches):
     with pytest.raises(errors.ShapeError) as info:
         adapters.selective_state_update(*change(_decode_args()))
     assert info.value.argument == argument and not launches.calls
+
+
+def test_decode_takes_x_z_B_C_without_their_middle_dim_as_state_spaces_mamba_does(launches):
+    """One head's x / z or one group's B / C may drop that dim, whatever the state's rank."""
+    state, x, dt, A, B, C = _decode_args(H=1)
+    out = adapters.selective_state_update(state, x[:, 0], dt, A, B[:, 0], C[:, 0], z=x[:, 0])
+    single = adapters.selective_state_update(state[:, 0], x, dt[:, 0, None].expand(2, 64), A, B, C)
+    assert out.shape == (2, 1, 64) and single.shape == (2, 64)
+    (_, kw), (_, kw_single) = launches.calls
+    assert kw["x"].shape == kw["z"].shape == kw_single["x"].shape == (2, 1, 1, 64)
+    assert kw["B"].shape == kw_single["C"].shape == (2, 1, 1, 64)
+
+
+def test_conv_update_refuses_a_pool_short_of_the_batch_without_indices(launches):
+    with pytest.raises(errors.ShapeError, match="^conv_state: 1 slots for a batch of 2") as info:
+        adapters.causal_conv1d_update(torch.zeros(2, 16), torch.zeros(1, 16, 3), torch.ones(16, 4))
+    assert info.value.argument == "conv_state" and not launches.calls
 
 
 def test_chunk_scan_converts_int64_indices_as_the_conv_does(launches):
@@ -275,6 +294,8 @@ def cpu_as_cuda(monkeypatch, no_driver):  # noqa: F811
      errors.ShapeError, "conv_state_indices", "conv_state_indices: expected shape (2,)"),
     (lambda x, s, w: adapters.selective_state_update(*_decode_args(), state_batch_indices=torch.zeros(3)),
      errors.DTypeError, "state_batch_indices", "state_batch_indices: expected dtype int32"),
+    (lambda x, s, w: adapters.causal_conv1d_fn(x, w, seq_idx=torch.zeros(2, 5, dtype=torch.int32)),  # another's
+     errors.ShapeError, "seq_idx", "seq_idx: expected shape (2, 9) (batch, seqlen) of x, got (2, 5)"),
 ])
 def test_runtime_refusals_use_the_drop_ins_names(call, error, argument, message, cpu_as_cuda):
     """The runtime's own checks, on the arrays the drop-ins hand it (xBC, conv_weight, state_indices), name the
@@ -317,3 +338,26 @@ def test_the_checks_trace_whole_under_torch_compile(launches):
     torch.compile(calls, fullgraph=True, backend="aot_eager")()
     assert [family for family, _ in eager] == ["conv1d_fwd", "conv1d_verify", "ssd_fwd", "verify"]
     assert summary(launches.calls) == eager
+
+
+@pytest.mark.parametrize("call,error,argument", [
+    (lambda: adapters.mamba_chunk_scan_combined(**_forward(dt_limit=(1.0, 0.5))), errors.InvalidArgumentError,
+     "dt_limit"),
+    (lambda: adapters.mamba_chunk_scan_combined(**_forward(chunk_size=0)), errors.InvalidArgumentError, "chunk_size"),
+    (lambda: adapters.causal_conv1d_fn(torch.zeros(2, 16, 9), torch.ones(16, 4), return_final_states=True,
+                                       seq_idx=torch.zeros(2, 9, dtype=torch.int32)),
+     errors.InvalidArgumentError, "return_final_states"),
+    (lambda: adapters.causal_conv1d_update(torch.zeros(2, 16), torch.zeros(1, 16, 3), torch.ones(16, 4)),
+     errors.ShapeError, "conv_state"),
+    (lambda: adapters.selective_state_update(*_decode_args(slots=1)), errors.ShapeError, "state"),
+    (lambda: adapters.causal_conv1d_update(torch.zeros(2, 16), torch.zeros(2, 16, 3), torch.ones(16, 4),
+                                           conv_state_indices=torch.zeros(3, dtype=torch.int32)),
+     errors.ShapeError, "conv_state_indices"),
+])
+def test_refusals_keep_their_type_under_torch_compile_fullgraph(call, error, argument, cpu_as_cuda):
+    """Value checks run inside the ops (here the runtime's own, on CPU tensors read as CUDA ones): a refusal raised
+    while tracing would reach the caller as the compiler's Unsupported instead."""
+    torch._dynamo.reset()
+    with pytest.raises(error) as info:
+        torch.compile(call, fullgraph=True, backend="aot_eager")()
+    assert info.value.argument == argument

@@ -13,9 +13,11 @@ them; for CUDA-graph capture call ``mamba2_aot.preload()`` first (kernels are lo
 
 Importing this module needs torch; the rest of the package never imports it. Errors are the runtime's typed
 errors (``mamba2_aot.errors``), raised before anything is launched and naming the drop-in's own arguments (the conv
-ops' shapes as the caller passed them, or said to be the transposed view's). ``mamba_chunk_scan_combined`` is
-differentiable: its backward is the custom op ``mamba2_aot::ssd_bwd`` (the ``ssd_bwd`` kernels; bitwise
-reproducible gradients). Not yet: ``return_final_states`` together with ``seq_idx`` (pass ``cu_seqlens``).
+ops' shapes as the caller passed them, or said to be the transposed view's); under ``torch.compile(fullgraph=True)``
+those raised before the ops (a wrong rank or form) come as the compiler's Unsupported (docs/RUNTIME.md).
+``mamba_chunk_scan_combined`` is differentiable: its backward is the custom op ``mamba2_aot::ssd_bwd`` (the
+``ssd_bwd`` kernels; bitwise reproducible gradients). Not yet: ``return_final_states`` together with ``seq_idx``
+(pass ``cu_seqlens``).
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from . import runtime
 from .errors import DeviceError, DTypeError, InvalidArgumentError, ShapeError, StrideError
 from .plans.ssd_fwd import expect_vector_operand
 from .tensors import as_device_array
-from .validation import expect_dt_limit, expect_int
+from .validation import expect_int, has_internal_overlap
 
 _STATE_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -142,7 +144,9 @@ _ssd_fwd.register_autograd(_backward_ssd_fwd, setup_context=_setup_ssd_fwd)
 @torch.library.custom_op("mamba2_aot::state_update", mutates_args=("state",))
 def _state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                   C: torch.Tensor, D: Optional[torch.Tensor], z: Optional[torch.Tensor],
-                  dt_bias: Optional[torch.Tensor], dt_softplus: bool, state_indices: torch.Tensor) -> torch.Tensor:
+                  dt_bias: Optional[torch.Tensor], dt_softplus: bool,
+                  state_indices: Optional[torch.Tensor]) -> torch.Tensor:
+    state_indices = _slots(state_indices, state, "state", x, "state_batch_indices")
     out = torch.empty_like(x)
     with _caller_names({"state_indices": "state_batch_indices"}):
         runtime.launch("verify", mode="update", state=state, x=x, dt=dt, A=A, B=B, C=C, out=out, D=D, z=z,
@@ -162,7 +166,8 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
 
     x (batch, L, H, P) bf16/fp16; dt (batch, L, H) in x's dtype; A (H,) (<= 0); B, C (batch, L, G, N);
     D (H,) or (H, P); z like x; dt_bias (H,) (A, D, dt_bias are used in fp32); initial_states (batch, H, P, N);
-    seq_idx (batch, L) and cu_seqlens (num_seqs + 1,) int32 (int64 is converted); chunk_size 64, 128 or 256.
+    seq_idx (batch, L) and cu_seqlens (num_seqs + 1,) int32 (other integer dtypes are converted); chunk_size 64,
+    128 or 256.
 
     Returns ``out`` (batch, L, H, P), then ``final_states`` (batch, H, P, N) fp32 if return_final_states, then
     ``varlen_states`` (num_seqs, H, P, N) in ``state_dtype`` (default C's dtype) if return_varlen_states (needs
@@ -183,8 +188,10 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     if varlen_dtype not in _STATE_DTYPES:
         raise InvalidArgumentError("state_dtype", f"state_dtype: expected one of {list(_STATE_DTYPES)}, got "
                                    f"{state_dtype}")
-    chunk_size = expect_int("chunk_size", chunk_size, minimum=1)
-    lo, hi = expect_dt_limit(dt_limit)
+    # Only the forms are checked here; the values are the runtime's to check, inside the op, where a refusal keeps its
+    # type under torch.compile(fullgraph=True) (one raised while tracing becomes the compiler's Unsupported).
+    chunk_size = expect_int("chunk_size", chunk_size, minimum=-2**63, maximum=2**63 - 1)
+    lo, hi = _pair_of_floats("dt_limit", dt_limit)
     seq_idx, cu_seqlens = _int32_indices(seq_idx), _int32_indices(cu_seqlens)
     packed_by_cu = cu_seqlens is not None and (return_varlen_states or (seq_idx is not None and x.shape[0] == 1))
     cu_seqlens = cu_seqlens if packed_by_cu else None
@@ -251,7 +258,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     state (batch or num_slots, H, P, N) fp32/bf16/fp16; x (batch, H, P) bf16/fp16/fp32; dt (batch, H, P) in x's
     dtype with stride 0 along P (Mamba-2's tied dt, as ``dt[..., None].expand``) or (batch, H); A (H, P, N) tied
     (strides 0 along P, N) or (H,); B, C (batch, G, N) in x's dtype; D (H, P) or (H,); z like x; dt_bias (H, P)
-    tied or (H,) (A, D, dt_bias are used in fp32); state_batch_indices (batch,) int32 or int64 (default: row b uses
+    tied or (H,) (A, D, dt_bias are used in fp32); state_batch_indices (batch,) integers (default: row b uses
     slot b; negative: a padding row, output zero). The 3-dim forms without a head dim work
     too (one head). Returns out (batch, H, P) (or (batch, P)). Per-dim (untied) A, dt or dt_bias are Mamba-1
     and not supported: InvalidArgumentError.
@@ -259,17 +266,14 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     _expect_rank("state", state, {3: "(batch or num_slots, dim, d_state)",
                                   4: "(batch or num_slots, nheads, headdim, d_state)"})
     has_heads = state.dim() > 3
-    heads, groups = ("nheads, ", "ngroups, ") if has_heads else ("", "")
-    for name, t, dims in (("x", x, f"(batch, {heads}headdim)"), ("z", z, f"(batch, {heads}headdim)"),
-                          ("B", B, f"(batch, {groups}d_state)"), ("C", C, f"(batch, {groups}d_state)")):
+    # as state-spaces/mamba: x, z, B and C without their head / group dim (one head, one group) each get one
+    x, z, B, C = (t.unsqueeze(1) if t is not None and t.dim() == 2 else t for t in (x, z, B, C))
+    for name, t, dims in (("x", x, "(batch, nheads, headdim)"), ("z", z, "(batch, nheads, headdim)"),
+                          ("B", B, "(batch, ngroups, d_state)"), ("C", C, "(batch, ngroups, d_state)")):
         if t is not None:
-            _expect_rank(name, t, {state.dim() - 1: f"{dims} beside a state of {state.dim()} dims"})
-    if state_batch_indices is None and state.shape[0] < x.shape[0]:
-        raise ShapeError("state", f"state: {state.shape[0]} slots for a batch of {x.shape[0]} (row b updates slot b "
-                         "unless state_batch_indices says otherwise)")
+            _expect_rank(name, t, {3: f"{dims}, or without its middle dim"})
     if not has_heads:
-        state, x, dt, z = state.unsqueeze(1), x.unsqueeze(1), dt.unsqueeze(1), None if z is None else z.unsqueeze(1)
-        B, C = B.unsqueeze(1), C.unsqueeze(1)
+        state, dt = state.unsqueeze(1), dt.unsqueeze(1)
         A = A.unsqueeze(0) if A.dim() == 2 else A
         D = None if D is None else D.unsqueeze(0)
         dt_bias = None if dt_bias is None else dt_bias.unsqueeze(0)
@@ -278,8 +282,6 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     dt_bias = None if dt_bias is None else _per_head("dt_bias", dt_bias, rank=1, expanded=1)  # (H, P) -> (H,)
     if D is not None and D.dim() == 2 and D.stride(-1) == 0:
         D = D[:, 0]
-    if state_batch_indices is None:
-        state_batch_indices = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
     out = _state_update(state, x[:, None], dt[:, None], A.float(), B[:, None], C[:, None], _fp32(D),
                         None if z is None else z[:, None], _fp32(dt_bias), bool(dt_softplus),
                         _int32_indices(state_batch_indices))[:, 0]
@@ -312,20 +314,45 @@ def _caller_names(names: dict[str, str]):
     try:
         yield
     except InvalidArgumentError as exc:
-        caller = names.get(exc.argument)
-        if caller is None:
-            raise
         words = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
-        message = words.sub(lambda m: names[m[1]], str(exc))
+        message = words.sub(lambda m: names[m[1]], str(exc))   # (another argument's message may name one too)
+        caller = names.get(exc.argument, exc.argument)
+        if message == str(exc) and caller == exc.argument:
+            raise
         if caller in _TRANSPOSED and isinstance(exc, (ShapeError, StrideError)):
             message += f" (of {_TRANSPOSED[caller]})"
         raise type(exc)(caller, message) from exc
 
 
+_OTHER_INTEGERS = (torch.int64, torch.int16, torch.int8, torch.uint8)
+
+
 def _int32_indices(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """Index tensors as the kernels read them: int64 (torch's default) converted to int32; other dtypes are left
-    for the runtime to refuse, rather than rounded."""
-    return t.to(torch.int32) if t is not None and t.dtype == torch.int64 else t
+    """Index tensors as the kernels read them: other integer dtypes (int64 is torch's default) converted to int32;
+    floating-point ones are left for the runtime to refuse, rather than rounded."""
+    return t.to(torch.int32) if t is not None and t.dtype in _OTHER_INTEGERS else t
+
+
+def _slots(indices: Optional[torch.Tensor], pool: torch.Tensor, pool_name: str, x: torch.Tensor,
+           indices_name: str) -> torch.Tensor:
+    """Each row's pool slot: the caller's ``indices``, or by default row b's slot b, which the pool must then have
+    (a slot past its end would be a padding row, output zero without a word). Inside the ops, where a refusal keeps
+    its type under torch.compile(fullgraph=True)."""
+    if indices is not None:
+        return indices
+    if pool.shape[0] < x.shape[0]:
+        raise ShapeError(pool_name, f"{pool_name}: {pool.shape[0]} slots for a batch of {x.shape[0]} (row b updates "
+                         f"slot b unless {indices_name} says otherwise)")
+    return torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
+
+
+def _pair_of_floats(name: str, value) -> tuple[float, float]:
+    """``value`` as (lo, hi) floats for an op's float arguments (whether they make sense is the runtime's check)."""
+    try:
+        lo, hi = value
+        return float(lo), float(hi)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(name, f"{name}: expected a pair (lo, hi), got {value!r}") from None
 
 
 def _expect_rank(name: str, t: torch.Tensor, layouts: dict[int, str]) -> None:
@@ -339,6 +366,9 @@ def _conv1d_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
                 initial_states: Optional[torch.Tensor], silu: bool,
                 return_final_states: bool) -> tuple[torch.Tensor, torch.Tensor]:
     # x (batch, dim, L) as the causal_conv1d package takes it; the kernel reads (batch, L, dim) views
+    if seq_idx is not None and (initial_states is not None or return_final_states):
+        name = "initial_states" if initial_states is not None else "return_final_states"
+        raise InvalidArgumentError(name, f"{name}: not supported with seq_idx (nor in the causal_conv1d package)")
     out = torch.empty_like(x)
     width = weight.shape[1]
     final_states = x.new_empty((x.shape[0] if return_final_states else 0, x.shape[1], width - 1))
@@ -356,7 +386,8 @@ def _(x, weight, bias, seq_idx, initial_states, silu, return_final_states):
 
 @torch.library.custom_op("mamba2_aot::conv1d_update", mutates_args=("conv_state",))
 def _conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                   silu: bool, state_indices: torch.Tensor) -> torch.Tensor:
+                   silu: bool, state_indices: Optional[torch.Tensor]) -> torch.Tensor:
+    state_indices = _slots(state_indices, conv_state, "conv_state", x, "conv_state_indices")
     out = torch.empty_like(x)   # (batch, dim, T)
     with _caller_names({**_CONV_NAMES, "state_indices": "conv_state_indices"}):
         runtime.launch("conv1d_verify", mode="update", conv_state=conv_state, xBC=x.transpose(1, 2),
@@ -394,9 +425,6 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, re
     silu = _conv_activation(activation)
     _expect_rank("x", x, {3: "(batch, dim, L)"})
     _expect_rank("weight", weight, {2: "(dim, width)"})
-    if seq_idx is not None and (initial_states is not None or return_final_states):
-        name = "initial_states" if initial_states is not None else "return_final_states"
-        raise InvalidArgumentError(name, f"{name}: not supported with seq_idx (nor in the causal_conv1d package)")
     if final_states_out is not None:
         _expect_final_states_out(final_states_out, x, weight, return_final_states)
     initial_states = None if initial_states is None else initial_states.to(x.dtype)   # one state dtype: x's
@@ -424,6 +452,9 @@ def _expect_final_states_out(final_states_out, x, weight, return_final_states) -
     if final_states_out.device != x.device:
         raise DeviceError("final_states_out", f"final_states_out: expected x's device {x.device}, got "
                           f"{final_states_out.device}")
+    if has_internal_overlap(tuple(final_states_out.shape), final_states_out.stride()):
+        raise StrideError("final_states_out", f"final_states_out: its elements overlap (strides "
+                          f"{final_states_out.stride()}): it cannot hold a state per row")
 
 
 def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cache_seqlens=None,
@@ -434,7 +465,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cach
     x (batch, dim) or (batch, dim, T); conv_state (batch or num_slots, dim, state_len >= width - 1) in x's dtype
     or fp32, updated in place: its last width - 1 columns, the only ones the conv reads (state-spaces/mamba's
     cache has state_len = width; the columns before are left as they were); weight (dim, width), width 2..4;
-    bias (dim,); conv_state_indices (batch,) int32 or int64 (row b uses that slot; negative: a padding row, output zero;
+    bias (dim,); conv_state_indices (batch,) integers (row b uses that slot; negative: a padding row, output zero;
     default: slot b). Returns out shaped like x. Not supported (typed error): ``cache_seqlens`` (a circular state).
     """
     silu = _conv_activation(activation)
@@ -456,8 +487,6 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cach
         conv_state = conv_state[..., -held:]
     single = x.dim() == 2
     rows = x[..., None] if single else x
-    if conv_state_indices is None:
-        conv_state_indices = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
     out = _conv1d_update(rows, conv_state, weight.float(), _fp32(bias), silu, _int32_indices(conv_state_indices))
     return out[..., 0] if single else out
 

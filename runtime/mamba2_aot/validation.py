@@ -166,7 +166,7 @@ def check_call(call: BoundCall) -> None:
     for i, out in enumerate(call.outputs, start=first_output):
         if out.readonly:
             raise InvalidArgumentError(out.name, f"{out.name}: is read-only but the kernel writes it")
-        if _has_internal_overlap(out):
+        if has_internal_overlap(out.shape, out.strides):
             raise StrideError(out.name, f"{out.name}: strides {out.strides} for shape {out.shape} make elements "
                               "overlap (e.g. a broadcast, stride-0 view); the kernel writes it, pass a distinct "
                               "buffer")
@@ -201,17 +201,17 @@ def _checked_span(a: DeviceArray) -> tuple[int, int] | None:
     return span
 
 
-def _has_internal_overlap(a: DeviceArray) -> bool:
-    """Whether two indices of ``a`` can address one element.
+def has_internal_overlap(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether two indices of an array of ``shape`` and (element) ``strides`` can address one element.
 
     Conservative: sorted by |stride|, each dim must step past everything the smaller dims reach. This
     accepts every dense or sliced view (what frameworks produce) and refuses some exotic interleavings
     that do not actually overlap, which is the safe direction for an output. An empty array has no elements.
     """
-    if 0 in a.shape:
+    if 0 in shape:
         return False
     reach = 0
-    for stride, extent in sorted([(abs(s), d) for d, s in zip(a.shape, a.strides) if d > 1]):
+    for stride, extent in sorted([(abs(s), d) for d, s in zip(shape, strides) if d > 1]):
         if stride <= reach:
             return True
         reach += (extent - 1) * stride
