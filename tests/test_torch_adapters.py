@@ -350,6 +350,8 @@ def test_the_checks_trace_whole_under_torch_compile(launches):
     (lambda: adapters.causal_conv1d_update(torch.zeros(2, 16), torch.zeros(1, 16, 3), torch.ones(16, 4)),
      errors.ShapeError, "conv_state"),
     (lambda: adapters.selective_state_update(*_decode_args(slots=1)), errors.ShapeError, "state"),
+    (lambda: adapters.causal_conv1d_fn(torch.zeros(2, 16, 9), torch.ones(16, 4), return_final_states=True,
+                                       final_states_out=torch.empty(2, 16, 2)), errors.ShapeError, "final_states_out"),
     (lambda: adapters.causal_conv1d_update(torch.zeros(2, 16), torch.zeros(2, 16, 3), torch.ones(16, 4),
                                            conv_state_indices=torch.zeros(3, dtype=torch.int32)),
      errors.ShapeError, "conv_state_indices"),
@@ -361,3 +363,19 @@ def test_refusals_keep_their_type_under_torch_compile_fullgraph(call, error, arg
     with pytest.raises(error) as info:
         torch.compile(call, fullgraph=True, backend="aot_eager")()
     assert info.value.argument == argument
+
+
+def test_final_states_out_is_written_under_dynamic_shapes(monkeypatch):
+    """final_states_out goes through the op (a mutated argument): compiled with dynamic shapes, each batch size's
+    states land in the caller's tensor (its checks on symbolic sizes failed the trace when they ran outside)."""
+    def launch(family, **kw):   # the kernel's writes, as constants
+        kw["out"].fill_(1.0)
+        kw["final_states"].fill_(2.0)
+    monkeypatch.setattr(adapters.runtime, "launch", launch)
+    conv = torch.compile(lambda x, states: adapters.causal_conv1d_fn(x, torch.ones(16, 4), return_final_states=True,
+                                                                     final_states_out=states),
+                         fullgraph=True, backend="aot_eager", dynamic=True)
+    for batch in (2, 3, 5):
+        states = torch.zeros(batch, 16, 3)
+        out, final = conv(torch.zeros(batch, 16, 9), states)
+        assert final is states and torch.equal(states, torch.full_like(states, 2.0)) and torch.equal(out, out * 0 + 1)

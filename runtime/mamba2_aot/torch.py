@@ -14,7 +14,8 @@ them; for CUDA-graph capture call ``mamba2_aot.preload()`` first (kernels are lo
 Importing this module needs torch; the rest of the package never imports it. Errors are the runtime's typed
 errors (``mamba2_aot.errors``), raised before anything is launched and naming the drop-in's own arguments (the conv
 ops' shapes as the caller passed them, or said to be the transposed view's); under ``torch.compile(fullgraph=True)``
-those raised before the ops (a wrong rank or form) come as the compiler's Unsupported (docs/RUNTIME.md).
+those raised in Python before the ops (a wrong rank or form, an option) come as the compiler's Unsupported
+(docs/RUNTIME.md lists them).
 ``mamba_chunk_scan_combined`` is differentiable: its backward is the custom op ``mamba2_aot::ssd_bwd`` (the
 ``ssd_bwd`` kernels; bitwise reproducible gradients). Not yet: ``return_final_states`` together with ``seq_idx``
 (pass ``cu_seqlens``).
@@ -259,8 +260,9 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     dtype with stride 0 along P (Mamba-2's tied dt, as ``dt[..., None].expand``) or (batch, H); A (H, P, N) tied
     (strides 0 along P, N) or (H,); B, C (batch, G, N) in x's dtype; D (H, P) or (H,); z like x; dt_bias (H, P)
     tied or (H,) (A, D, dt_bias are used in fp32); state_batch_indices (batch,) integers (default: row b uses
-    slot b; negative: a padding row, output zero). The 3-dim forms without a head dim work
-    too (one head). Returns out (batch, H, P) (or (batch, P)). Per-dim (untied) A, dt or dt_bias are Mamba-1
+    slot b; negative: a padding row, output zero). The 3-dim forms without a head dim work too (one head); x, z, B
+    and C may drop their head / group dim on their own, as upstream allows, while dt, A, D and dt_bias take the forms
+    of the state's rank. Returns out (batch, H, P) (or (batch, P)). Per-dim (untied) A, dt or dt_bias are Mamba-1
     and not supported: InvalidArgumentError.
     """
     _expect_rank("state", state, {3: "(batch or num_slots, dim, d_state)",
@@ -324,13 +326,13 @@ def _caller_names(names: dict[str, str]):
         raise type(exc)(caller, message) from exc
 
 
-_OTHER_INTEGERS = (torch.int64, torch.int16, torch.int8, torch.uint8)
-
-
 def _int32_indices(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """Index tensors as the kernels read them: other integer dtypes (int64 is torch's default) converted to int32;
-    floating-point ones are left for the runtime to refuse, rather than rounded."""
-    return t.to(torch.int32) if t is not None and t.dtype in _OTHER_INTEGERS else t
+    """Index tensors as the kernels read them: other integer dtypes (int64 is torch's default) converted to int32
+    (a value beyond int32 wraps, as a cast does); floating-point and bool ones are left for the runtime to refuse,
+    rather than rounded."""
+    if t is None or t.dtype in (torch.int32, torch.bool) or t.dtype.is_floating_point or t.dtype.is_complex:
+        return t
+    return t.to(torch.int32)
 
 
 def _slots(indices: Optional[torch.Tensor], pool: torch.Tensor, pool_name: str, x: torch.Tensor,
@@ -361,14 +363,16 @@ def _expect_rank(name: str, t: torch.Tensor, layouts: dict[int, str]) -> None:
         raise ShapeError(name, f"{name}: expected {' or '.join(layouts.values())}, got shape {tuple(t.shape)}")
 
 
-@torch.library.custom_op("mamba2_aot::conv1d_fwd", mutates_args=())
+@torch.library.custom_op("mamba2_aot::conv1d_fwd", mutates_args=("final_states_out",))
 def _conv1d_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], seq_idx: Optional[torch.Tensor],
-                initial_states: Optional[torch.Tensor], silu: bool,
-                return_final_states: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                initial_states: Optional[torch.Tensor], silu: bool, return_final_states: bool,
+                final_states_out: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     # x (batch, dim, L) as the causal_conv1d package takes it; the kernel reads (batch, L, dim) views
     if seq_idx is not None and (initial_states is not None or return_final_states):
         name = "initial_states" if initial_states is not None else "return_final_states"
         raise InvalidArgumentError(name, f"{name}: not supported with seq_idx (nor in the causal_conv1d package)")
+    if final_states_out is not None:
+        _expect_final_states_out(final_states_out, x, weight, return_final_states)
     out = torch.empty_like(x)
     width = weight.shape[1]
     final_states = x.new_empty((x.shape[0] if return_final_states else 0, x.shape[1], width - 1))
@@ -376,11 +380,13 @@ def _conv1d_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
         runtime.launch("conv1d_fwd", xBC=x.transpose(1, 2), conv_weight=weight, conv_bias=bias,
                        out=out.transpose(1, 2), activation="silu" if silu else None, seq_idx=seq_idx,
                        initial_states=initial_states, final_states=final_states if return_final_states else None)
+    if final_states_out is not None:
+        final_states_out.copy_(final_states)
     return out, final_states
 
 
 @_conv1d_fwd.register_fake
-def _(x, weight, bias, seq_idx, initial_states, silu, return_final_states):
+def _(x, weight, bias, seq_idx, initial_states, silu, return_final_states, final_states_out):
     return torch.empty_like(x), x.new_empty((x.shape[0] if return_final_states else 0, x.shape[1], weight.shape[1] - 1))
 
 
@@ -425,21 +431,17 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, re
     silu = _conv_activation(activation)
     _expect_rank("x", x, {3: "(batch, dim, L)"})
     _expect_rank("weight", weight, {2: "(dim, width)"})
-    if final_states_out is not None:
-        _expect_final_states_out(final_states_out, x, weight, return_final_states)
     initial_states = None if initial_states is None else initial_states.to(x.dtype)   # one state dtype: x's
     out, finals = _conv1d_fwd(x, weight.float(), _fp32(bias), _int32_indices(seq_idx), initial_states, silu,
-                              bool(return_final_states))
+                              bool(return_final_states), final_states_out)
     if not return_final_states:
         return out
-    if final_states_out is not None:
-        final_states_out.copy_(finals)
-        finals = final_states_out
-    return out, finals
+    return out, finals if final_states_out is None else final_states_out
 
 
 def _expect_final_states_out(final_states_out, x, weight, return_final_states) -> None:
-    """``final_states_out`` can take the final states: checked before the launch, which writes them to it after."""
+    """``final_states_out`` can take the final states: checked inside the op before the launch (the states are copied
+    into it after)."""
     if not return_final_states:
         raise InvalidArgumentError("final_states_out", "final_states_out: given without return_final_states=True")
     expected = (x.shape[0], x.shape[1], weight.shape[1] - 1)
