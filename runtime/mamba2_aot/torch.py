@@ -22,7 +22,6 @@ those raised in Python before the ops (a wrong rank or form, an option) come as 
 """
 from __future__ import annotations
 
-import contextlib
 import re
 from typing import Optional
 
@@ -149,9 +148,12 @@ def _state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: tor
                   state_indices: Optional[torch.Tensor]) -> torch.Tensor:
     state_indices = _slots(state_indices, state, "state", x, "state_batch_indices")
     out = torch.empty_like(x)
-    with _caller_names({"state_indices": "state_batch_indices"}):
+    try:
         runtime.launch("verify", mode="update", state=state, x=x, dt=dt, A=A, B=B, C=C, out=out, D=D, z=z,
                        dt_bias=dt_bias, dt_softplus=dt_softplus, state_indices=state_indices)
+    except InvalidArgumentError as exc:
+        _raise_in_caller_terms(exc, _DECODE_NAMES)
+        raise
     return out
 
 
@@ -304,26 +306,26 @@ def _per_head(name: str, t: torch.Tensor, rank: int, expanded: int) -> torch.Ten
     return t[(slice(None),) * rank + (0,) * expanded]
 
 
-# the runtime's names for the conv drop-ins' arguments; it reads x (batch, dim, L) as its (batch, L, dim) view
+# the runtime's names for the drop-ins' arguments ({runtime's: caller's}); it reads the conv's x (batch, dim, L) as
+# its (batch, L, dim) view
 _CONV_NAMES = {"xBC": "x", "conv_weight": "weight", "conv_bias": "bias"}
+_CONV_UPDATE_NAMES = {**_CONV_NAMES, "state_indices": "conv_state_indices"}
+_DECODE_NAMES = {"state_indices": "state_batch_indices"}
 _TRANSPOSED = {"x": "x.transpose(1, 2), the (batch, L, dim) view the kernel reads"}
 
 
-@contextlib.contextmanager
-def _caller_names(names: dict[str, str]):
-    """The runtime's argument errors re-raised under the drop-in's argument names (``{runtime's: caller's}``), so a
-    message names what the caller passed; a shape or stride in it that is a transposed view's says so."""
-    try:
-        yield
-    except InvalidArgumentError as exc:
-        words = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
-        message = words.sub(lambda m: names[m[1]], str(exc))   # (another argument's message may name one too)
-        caller = names.get(exc.argument, exc.argument)
-        if message == str(exc) and caller == exc.argument:
-            raise
-        if caller in _TRANSPOSED and isinstance(exc, (ShapeError, StrideError)):
-            message += f" (of {_TRANSPOSED[caller]})"
-        raise type(exc)(caller, message) from exc
+def _raise_in_caller_terms(exc: InvalidArgumentError, names: dict[str, str]) -> None:
+    """Raise the runtime's argument error ``exc`` again under the drop-in's argument ``names``, so that it names what
+    the caller passed (a shape or stride of a transposed view says so); return when it names none of them. (Called
+    from an ``except`` around the launch, which costs the launch path nothing, unlike a context manager.)"""
+    words = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
+    message = words.sub(lambda m: names[m[1]], str(exc))   # (another argument's message may name one too)
+    caller = names.get(exc.argument, exc.argument)
+    if message == str(exc) and caller == exc.argument:
+        return
+    if caller in _TRANSPOSED and isinstance(exc, (ShapeError, StrideError)):
+        message += f" (of {_TRANSPOSED[caller]})"
+    raise type(exc)(caller, message) from exc
 
 
 def _int32_indices(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -363,6 +365,26 @@ def _expect_rank(name: str, t: torch.Tensor, layouts: dict[int, str]) -> None:
         raise ShapeError(name, f"{name}: expected {' or '.join(layouts.values())}, got shape {tuple(t.shape)}")
 
 
+def _expect_final_states_out(final_states_out, x, weight, return_final_states) -> None:
+    """``final_states_out`` can take the final states: checked inside the op before the launch (the states are copied
+    into it after)."""
+    if not return_final_states:
+        raise InvalidArgumentError("final_states_out", "final_states_out: given without return_final_states=True")
+    expected = (x.shape[0], x.shape[1], weight.shape[1] - 1)
+    if tuple(final_states_out.shape) != expected:
+        raise ShapeError("final_states_out", f"final_states_out: expected shape {expected} (batch, dim, width - 1), "
+                         f"got {tuple(final_states_out.shape)}")
+    if final_states_out.dtype != x.dtype:
+        raise DTypeError("final_states_out", f"final_states_out: expected x's dtype {x.dtype}, got "
+                         f"{final_states_out.dtype}")
+    if final_states_out.device != x.device:
+        raise DeviceError("final_states_out", f"final_states_out: expected x's device {x.device}, got "
+                          f"{final_states_out.device}")
+    if has_internal_overlap(tuple(final_states_out.shape), final_states_out.stride()):
+        raise StrideError("final_states_out", f"final_states_out: its elements overlap (strides "
+                          f"{final_states_out.stride()}): it cannot hold a state per row")
+
+
 @torch.library.custom_op("mamba2_aot::conv1d_fwd", mutates_args=("final_states_out",))
 def _conv1d_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], seq_idx: Optional[torch.Tensor],
                 initial_states: Optional[torch.Tensor], silu: bool, return_final_states: bool,
@@ -376,10 +398,13 @@ def _conv1d_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     out = torch.empty_like(x)
     width = weight.shape[1]
     final_states = x.new_empty((x.shape[0] if return_final_states else 0, x.shape[1], width - 1))
-    with _caller_names(_CONV_NAMES):
+    try:
         runtime.launch("conv1d_fwd", xBC=x.transpose(1, 2), conv_weight=weight, conv_bias=bias,
                        out=out.transpose(1, 2), activation="silu" if silu else None, seq_idx=seq_idx,
                        initial_states=initial_states, final_states=final_states if return_final_states else None)
+    except InvalidArgumentError as exc:
+        _raise_in_caller_terms(exc, _CONV_NAMES)
+        raise
     if final_states_out is not None:
         final_states_out.copy_(final_states)
     return out, final_states
@@ -395,10 +420,13 @@ def _conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tens
                    silu: bool, state_indices: Optional[torch.Tensor]) -> torch.Tensor:
     state_indices = _slots(state_indices, conv_state, "conv_state", x, "conv_state_indices")
     out = torch.empty_like(x)   # (batch, dim, T)
-    with _caller_names({**_CONV_NAMES, "state_indices": "conv_state_indices"}):
+    try:
         runtime.launch("conv1d_verify", mode="update", conv_state=conv_state, xBC=x.transpose(1, 2),
                        conv_weight=weight, conv_bias=bias, out=out.transpose(1, 2),
                        activation="silu" if silu else None, state_indices=state_indices)
+    except InvalidArgumentError as exc:
+        _raise_in_caller_terms(exc, _CONV_UPDATE_NAMES)
+        raise
     return out
 
 
@@ -437,26 +465,6 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, re
     if not return_final_states:
         return out
     return out, finals if final_states_out is None else final_states_out
-
-
-def _expect_final_states_out(final_states_out, x, weight, return_final_states) -> None:
-    """``final_states_out`` can take the final states: checked inside the op before the launch (the states are copied
-    into it after)."""
-    if not return_final_states:
-        raise InvalidArgumentError("final_states_out", "final_states_out: given without return_final_states=True")
-    expected = (x.shape[0], x.shape[1], weight.shape[1] - 1)
-    if tuple(final_states_out.shape) != expected:
-        raise ShapeError("final_states_out", f"final_states_out: expected shape {expected} (batch, dim, width - 1), "
-                         f"got {tuple(final_states_out.shape)}")
-    if final_states_out.dtype != x.dtype:
-        raise DTypeError("final_states_out", f"final_states_out: expected x's dtype {x.dtype}, got "
-                         f"{final_states_out.dtype}")
-    if final_states_out.device != x.device:
-        raise DeviceError("final_states_out", f"final_states_out: expected x's device {x.device}, got "
-                          f"{final_states_out.device}")
-    if has_internal_overlap(tuple(final_states_out.shape), final_states_out.stride()):
-        raise StrideError("final_states_out", f"final_states_out: its elements overlap (strides "
-                          f"{final_states_out.stride()}): it cannot hold a state per row")
 
 
 def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cache_seqlens=None,
