@@ -84,6 +84,15 @@ def test_doctor_does_not_load_unvalidated_variants(cubins, monkeypatch, capsys):
         b"fake cubin mamba2_aot_cubins_sm90 256 bf16", b"fake cubin mamba2_aot_cubins_sm90 256 fp32"]
 
 
+def test_list_reports_a_missing_cubin_file(cubins, capsys):
+    gone = next(path for path in (cubins / "cubins").iterdir() if "256" in path.name)
+    gone.unlink()
+    assert main(["list"]) == 1
+    out = capsys.readouterr().out
+    missing = [line for line in out.splitlines() if "CUBIN MISSING" in line]
+    assert len(missing) == 1 and str(gone) in missing[0] and "chunk_size=256" in missing[0]
+
+
 def test_verify(cubins, capsys):
     assert main(["verify"]) == 0
     assert capsys.readouterr().out.count("ok ") == 4

@@ -2,7 +2,8 @@
 
 Exit codes:
   0  fine (``list`` also exits 0 when there is no GPU or driver: it says so per variant)
-  1  a problem: a broken or version-mismatched cubin package, a variant that fails to load (doctor),
+  1  a problem: a broken or version-mismatched cubin package, a cubin file missing (list), a variant that fails
+     to load (doctor),
      a cubin whose sha256 differs from its manifest or no cubins at all (verify)
   2  doctor only: no usable CUDA driver or no CUDA device
 """
@@ -61,6 +62,7 @@ def cmd_list(_args) -> int:
     capabilities = {drv.compute_capability(d) for d in range(drv.device_count())} if drv else set()
     families = dispatch.launchable_families()
     steps = sorted(set(dispatch.PLANS) - set(families))
+    missing = 0
     print(f"mamba2_aot {__version__}; families: {', '.join(families)} (their steps' kernels: {', '.join(steps)})")
     if drv is None:
         print(f"CUDA: unavailable here: {reason}")
@@ -73,12 +75,14 @@ def cmd_list(_args) -> int:
             here = "runs here" if m.compute_capability in capabilities else "no device of this arch here"
         for v in m.variants:
             status = here if catalog.serving(v) is v else "not used" + _shadowed_note(catalog, v)
+            if not v.path.is_file():  # (a stat, not a read: `verify` checks the bytes)
+                status, missing = f"CUBIN MISSING ({v.path}); {status}", missing + 1
             print(f"  {v.key}: {status}{_validation_note(catalog, v)}")
     if not catalog.manifests:
         print(f"no cubin packages found (install one, e.g. {manifest.PACKAGE_PREFIX}sm90, or set "
               f"{manifest.ENV_CUBIN_DIR})")
     _print_problems(catalog)
-    return 1 if catalog.problems else 0
+    return 1 if catalog.problems or missing else 0
 
 
 def cmd_doctor(_args) -> int:
