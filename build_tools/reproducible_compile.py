@@ -33,7 +33,7 @@ KERNEL_SOURCES = Path(__file__).resolve().parent.parent / "kernel_src"
 
 # What a compile keeps of its caller's environment, where set: where this host's Python finds its libraries and its
 # user site (the same from build to build on one host).
-_HOST_VARIABLES = ("LD_LIBRARY_PATH", "PYTHONUSERBASE")
+HOST_VARIABLES = ("LD_LIBRARY_PATH", "PYTHONUSERBASE")
 
 
 def fixed_addresses_prefix() -> list[str]:
@@ -119,9 +119,9 @@ def fixed_root() -> Path:
 
 
 def child_environment(root: Path) -> dict:
-    """The whole environment of a compile in ``root``: little of the caller's (``_HOST_VARIABLES``), whose size moves
+    """The whole environment of a compile in ``root``: little of the caller's (``HOST_VARIABLES``), whose size moves
     the child's heap (a longer ``PWD``, which the shell sets to the checkout, renumbered a cubin's registers)."""
-    return {**{name: os.environ[name] for name in _HOST_VARIABLES if name in os.environ},
+    return {**{name: os.environ[name] for name in HOST_VARIABLES if name in os.environ},
             "PYTHONPATH": str(root), "TMPDIR": tempfile.gettempdir(), "PYTHONHASHSEED": "0",
             "PYTHONDONTWRITEBYTECODE": "1", "CUTE_DSL_DISABLE_FILE_CACHING": "1"}
 
@@ -165,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
             made = (root / cubin).read_bytes(), (root / meta).read_bytes()
             (root / cubin).unlink()
             (root / meta).unlink()
+    except KeyboardInterrupt:  # (Ctrl-C reaches every compile in flight: one line each, not a traceback)
+        print(f"interrupted {name}", file=sys.stderr)
+        return 130
     except Exception as exc:  # the build must name the variant whatever went wrong
         print(f"FAILED {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -113,6 +113,22 @@ def test_the_compile_child_is_started_with_its_own_environment_interpreter_and_p
     assert kwargs["stdin"] == subprocess.DEVNULL and kwargs["capture_output"]
 
 
+def test_an_interrupted_compile_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    """Ctrl-C reaches every compile in flight: each reports its variant in one line and exits 130, no traceback."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(reproducible_compile.tempfile, "tempdir", None)
+
+    def interrupted(command, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(reproducible_compile.subprocess, "run", interrupted)
+    monkeypatch.setattr(reproducible_compile, "fixed_addresses_prefix", lambda: [])
+    status = reproducible_compile.main(["--family", FAMILY, "--constants", json.dumps(CONSTANTS),
+                                        "--arch", "sm_90a", "--cubin", "x.cubin", "--meta", "x.json"])
+    assert status == 130
+    assert capsys.readouterr().err.startswith("interrupted sm_90a ssd_chunk_cumsum[")
+
+
 def test_a_dump_folder_that_is_there_already_is_refused_and_kept(tmp_path, capsys):
     """``--dump-dir`` takes a folder the compile makes and removes: one that is there already is not emptied (it may
     be anything of the caller's); the compile fails, naming the variant, and writes nothing."""
@@ -341,8 +357,11 @@ def _checkout(dest: Path) -> Path:
 
 
 def _scons(tree: Path, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "SCons", "-Q", "arch=sm90,sm100", "config=ci", "-j", "2", *args],
-                          cwd=tree, capture_output=True, text=True)
+    """scons in ``tree`` with ``args``, and arch=sm90,sm100 config=ci where ``args`` do not give them."""
+    given = {arg.partition("=")[0] for arg in args}
+    defaults = [option for option in ("arch=sm90,sm100", "config=ci") if option.partition("=")[0] not in given]
+    return subprocess.run([sys.executable, "-m", "SCons", "-Q", *defaults, "-j", "2", *args], cwd=tree,
+                          capture_output=True, text=True)
 
 
 def _digests(tree: Path) -> dict:
@@ -424,12 +443,66 @@ def test_incremental_rebuild(two_clean_builds):
     assert _scons(tree, "-q").returncode == 0, "a second build with nothing changed must have nothing to do"
     module = tree / families.kernel_module_path(FAMILY)
     module.write_text(module.read_text() + "\n# touched\n")
+    dry = _scons(tree, "-n")
+    would = [line.split("/")[-1] for line in dry.stdout.splitlines() if line.startswith("would compile ")]
     proc = _scons(tree)
     assert proc.returncode == 0, proc.stderr
     compiled = [line for line in proc.stdout.splitlines() if line.startswith("compiled ")]
     ci_matrix = tomllib.loads((ROOT / "build_configs" / "ci.toml").read_text())
     its_variants = [c for f, c in families.expand(ci_matrix) if f == FAMILY]
     assert len(compiled) == 2 * len(its_variants) > 0, proc.stdout  # its ci variants x 2 archs, nothing else
+    # scons -n names what the build then compiled (each compile prints its own line, which a dry run does not run)
+    assert len(would) == len(compiled) and all(name.startswith(FAMILY + ".") for name in would), dry.stdout
+
+    writer = tree / "kernel_src" / "manifest.py"  # what the manifests' action calls is a source of theirs
+    writer.write_text(writer.read_text() + "\n# touched\n")
+    assert _scons(tree, "-q").returncode == 1, "the manifests must be rebuilt when their writer changes"
+
+
+def test_stale_wheels_are_removed_and_clean_removes_the_wheels(two_clean_builds):
+    """A build removes this project's wheels of another version from dist/ (the runtime's version lock refuses their
+    cubins, and `pip install dist/*.whl` fails on two versions of one package), leaving other files alone; ``scons
+    -c`` removes this project's wheels too (enscons keeps its own under -c)."""
+    tree = two_clean_builds[1]
+    dist = tree / "dist"
+    stale = [dist / "mamba2_aot-0.0.9-py3-none-any.whl", dist / "mamba2_aot_cubins_sm90-0.0.9-py3-none-any.whl"]
+    other = dist / "someone_else-0.0.9-py3-none-any.whl"
+    for wheel in stale + [other]:
+        wheel.write_bytes(b"old")
+    current = sorted(p.name for p in dist.glob("mamba2_aot*-0.1.0-*.whl"))
+    proc = _scons(tree)
+    assert proc.returncode == 0, proc.stderr
+    assert not any(p.exists() for p in stale) and other.exists()
+    assert all(f"removed dist/{p.name}" in proc.stdout for p in stale), proc.stdout
+    assert sorted(p.name for p in dist.glob("mamba2_aot*.whl")) == current
+    assert _scons(tree, "-c").returncode == 0
+    assert not list(dist.glob("mamba2_aot*.whl")) and other.exists()
+
+
+def test_a_build_through_paths_with_spaces(tmp_path):
+    """The checkout and the virtual environment's interpreter in folders whose names have spaces: the compile's
+    command line quotes the interpreter (every compile failed with 'sh: /tmp/a: not found')."""
+    tree = _checkout(tmp_path / "a checkout")
+    spaced_venv = tmp_path / "a venv"
+    spaced_venv.symlink_to(Path(sys.prefix), target_is_directory=True)
+    python = spaced_venv / "bin" / Path(sys.executable).name
+    cubin = f"build/stage/mamba2_aot_cubins_sm90/cubins/{families.variant_stem(FAMILY, CONSTANTS)}.cubin"
+    proc = subprocess.run([str(python), "-m", "SCons", "-Q", "arch=sm90", "config=ci", cubin], cwd=tree,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tree / cubin).stat().st_size > 0
+
+
+def test_a_toolchain_other_than_the_pinned_one_stops_the_build(tmp_path):
+    """Another version of a pinned build package compiles other cubins than the validated ones: the build stops
+    before anything is compiled, naming the package, both versions and the fix."""
+    tree = _checkout(tmp_path)
+    pins = tree / "requirements" / "build.txt"
+    pins.write_text(pins.read_text().replace("pyelftools==0.33", "pyelftools==0.1"))
+    proc = _scons(tree, "-n")
+    assert proc.returncode != 0
+    assert "pyelftools: installed 0.33, pinned 0.1" in proc.stdout + proc.stderr
+    assert "pip install -r requirements/build.txt" in proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("config", ["ci", "full"])
@@ -531,11 +604,12 @@ def test_the_cumsum_loads_its_tile_before_its_barrier_and_stores_after(tmp_path)
     ("experiment=no_such_experiment", "known experiments: "),
     ("arch=sm999", "arch=sm999: unknown ['sm999']; choose from ["),
     ("arch=", "arch=: names no architecture; choose from ["),
+    ("arch=sm90 arch=sm100", "build options given more than once: ['arch']; give each once"),  # (SCons kept the last)
 ])
 def test_a_misspelt_build_option_stops_the_build(option, says):
     """A misspelt option (SCons would ignore it and build the defaults), an unknown experiment name or architecture,
-    or none, stops the build before anything is compiled, naming what it knows."""
-    proc = _scons(ROOT, "-n", option)
+    none, or an option given twice, stops the build before anything is compiled, naming what it knows."""
+    proc = _scons(ROOT, "-n", *option.split())
     assert proc.returncode != 0
     assert says in proc.stdout + proc.stderr
 
