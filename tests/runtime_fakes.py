@@ -184,7 +184,7 @@ def write_cubin_dir(root: Path, *, cc=(9, 0), version=None, chunk_sizes=(64, 256
             (pkg / entry["file"]).write_bytes(image)
             variants.append(entry)
     data = {"schema": schema, "package": package, "version": version or mamba2_aot.__version__,
-            "arch": f"sm_{cc[0]}{cc[1]}a", "compute_capability": list(cc),
+            "arch": f"sm_{cc[0]}{cc[1]}" + ("" if cc[0] == 8 else "a"), "compute_capability": list(cc),
             "toolchain": {"cutlass_dsl": "4.8.1", "cuda_flavour": "cu12"}, "variants": variants}
     (pkg / "manifest.json").write_text(json.dumps(data, indent=1, sort_keys=True))
     return pkg

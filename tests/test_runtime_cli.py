@@ -43,6 +43,16 @@ def test_list_with_fake_device(cubins, monkeypatch, capsys):
     assert "no device of this arch here" in capsys.readouterr().out
 
 
+def test_list_says_sm80_cubins_run_on_a_later_8x_device(tmp_path, monkeypatch, capsys):
+    reset_runtime_state(monkeypatch)
+    write_cubin_dir(tmp_path, cc=(8, 0))
+    monkeypatch.setenv(manifest.ENV_CUBIN_DIR, str(tmp_path))
+    monkeypatch.setattr(driver, "_driver", FakeDriver(capabilities=[(8, 9)]))
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "(sm_80, compute capability 8.0)" in out and "ssd_chunk_cumsum[chunk_size=64,dt_dtype=bf16]: runs here" in out
+
+
 def test_list_marks_unvalidated_variants(cubins, monkeypatch, capsys):
     mark_unvalidated(cubins, 64)
     assert main(["list"]) == 0

@@ -171,6 +171,32 @@ def test_missing_arch_names_the_wheel(tmp_path):
     assert "or build them with `scons arch=sm90` and point MAMBA2_AOT_CUBIN_DIR at the build's build/stage" in text
 
 
+def test_sm80_cubins_serve_every_later_8x_device_and_arch_specific_ones_only_their_own(tmp_path):
+    """A plain sm_80 build loads on 8.6 and 8.9 (CUDA's binary compatibility within a major), where the runtime
+    looked for a package of the device's own capability, which no build makes; sm_90a's loads on 9.0 alone. With no
+    loadable build, the hint names a build target that loads there, or says that none does."""
+    write_cubin_dir(tmp_path, cc=(8, 0))
+    write_cubin_dir(tmp_path, cc=(9, 0), chunk_sizes=(64,))
+    catalog = manifest.discover({manifest.ENV_CUBIN_DIR: str(tmp_path)})
+    for cc in ((8, 0), (8, 6), (8, 9)):
+        assert [m.arch for m in catalog.for_capability(cc)] == ["sm_80"]
+        assert catalog.find("ssd_chunk_cumsum", {"chunk_size": 256, "dt_dtype": "bf16"}, cc).manifest.arch == "sm_80"
+    for cc in ((7, 5), (9, 1), (10, 0)):
+        with pytest.raises(CubinNotInstalledError):
+            catalog.for_capability(cc)
+    assert manifest.install_hint((8, 9)).startswith(f"pip install 'mamba2_aot_cubins_sm80=={mamba2_aot.__version__}', "
+                                                    "or build them with `scons arch=sm80`")
+    assert manifest.install_hint((10, 3)).startswith("pip install 'mamba2_aot_cubins_sm103==")
+    assert manifest.install_hint((12, 1)).startswith("none: no build target of mamba2_aot")
+
+
+def test_the_runtimes_build_targets_are_the_builds():
+    from kernel_src import toolchain
+    assert manifest.BUILD_TARGETS == toolchain.ARCH_TARGETS
+    assert all(manifest.target_capability(arch) == tuple(toolchain.compute_capability(arch))
+               for arch in toolchain.ARCH_TARGETS.values())
+
+
 def test_require_built_across_archs(tmp_path):
     write_cubin_dir(tmp_path, cc=(9, 0), chunk_sizes=(64,))
     write_cubin_dir(tmp_path, cc=(10, 0), chunk_sizes=(256,))

@@ -72,7 +72,7 @@ def cmd_list(_args) -> int:
         if drv is None:
             here = "unknown (no CUDA here)"
         else:
-            here = "runs here" if m.compute_capability in capabilities else "no device of this arch here"
+            here = "runs here" if any(m.loads_on(cc) for cc in capabilities) else "no device of this arch here"
         for v in m.variants:
             status = here if catalog.serving(v) is v else "not used" + _shadowed_note(catalog, v)
             if not v.path.is_file():  # (a stat, not a read: `verify` checks the bytes)

@@ -57,10 +57,40 @@ def package_name(cc: tuple[int, int]) -> str:
     return f"{PACKAGE_PREFIX}sm{cc[0]}{cc[1]}"
 
 
+# The build's arch= names and the targets they compile for (kernel_src/toolchain.py's ARCH_TARGETS, which the
+# runtime does not ship; tests/test_runtime_manifest.py checks that the two agree).
+BUILD_TARGETS = {"sm80": "sm_80", "sm90": "sm_90a", "sm100": "sm_100a", "sm103": "sm_103a", "sm120": "sm_120a"}
+
+
+def target_capability(arch: str) -> tuple[int, int]:
+    """``"sm_90a"`` -> ``(9, 0)``."""
+    digits = arch.removeprefix("sm_").rstrip("af")
+    return int(digits[:-1]), int(digits[-1])
+
+
+def loads_on(arch: str, built: tuple[int, int], cc: tuple[int, int]) -> bool:
+    """Whether cubins compiled for the target ``arch`` (of compute capability ``built``) load on a device of compute
+    capability ``cc``: an arch-specific target (``sm_90a``) on its own capability only; a plain one (``sm_80``) on
+    its major's later minors too (CUDA's binary compatibility: sm_80 cubins run on 8.6 and 8.9)."""
+    if arch.endswith(("a", "f")):
+        return cc == built
+    return cc[0] == built[0] and cc[1] >= built[1]
+
+
+def package_for(cc: tuple[int, int]) -> str | None:
+    """The build's arch= name whose cubins load on ``cc`` (its own capability's first), or None when none does."""
+    fits = [short for short, arch in BUILD_TARGETS.items() if loads_on(arch, target_capability(arch), cc)]
+    return min(fits, key=lambda short: target_capability(BUILD_TARGETS[short]) != cc, default=None)
+
+
 def install_hint(cc: tuple[int, int]) -> str:
-    """How to get cubins for ``cc``: the wheel to install, or a build to point ``MAMBA2_AOT_CUBIN_DIR`` at."""
-    short = package_name(cc)[len(PACKAGE_PREFIX):]
-    return (f"pip install '{package_name(cc)}=={__version__}', or build them with `scons arch={short}` and point "
+    """How to get cubins for ``cc``: the wheel to install, or a build to point ``MAMBA2_AOT_CUBIN_DIR`` at; or that
+    no build target of this version runs there."""
+    short = package_for(cc)
+    if short is None:
+        return (f"none: no build target of mamba2_aot {__version__} runs on compute capability {cc[0]}.{cc[1]} "
+                f"(targets: {', '.join(BUILD_TARGETS.values())})")
+    return (f"pip install '{PACKAGE_PREFIX}{short}=={__version__}', or build them with `scons arch={short}` and point "
             f"{ENV_CUBIN_DIR} at the build's build/stage directory")
 
 
@@ -123,6 +153,10 @@ class Manifest:
     toolchain: MappingProxyType
     variants: tuple[Variant, ...] = ()
     built_here: bool = False  # found through MAMBA2_AOT_CUBIN_DIR (a build's stage), not an installed package
+
+    def loads_on(self, cc: tuple[int, int]) -> bool:
+        """Whether these cubins load on a device of compute capability ``cc`` (:func:`loads_on`)."""
+        return loads_on(self.arch, self.compute_capability, cc)
 
 
 def _get(obj: dict, key: str, kind, where: str):
@@ -306,12 +340,12 @@ class Catalog:
     def for_capability(self, cc: tuple[int, int]) -> list[Manifest]:
         """The manifests whose cubins load on ``cc``; raises the recorded problem or
         :class:`CubinNotInstalledError` (naming the wheel to install) when there are none."""
-        found = [m for m in self.manifests if m.compute_capability == cc]
-        if found:
-            return found
-        wanted = package_name(cc)
+        found = [m for m in self.manifests if m.loads_on(cc)]
+        if found:  # (a build for cc itself before one that also loads there: sm_86 cubins before sm_80 ones on 8.6)
+            return sorted(found, key=lambda m: m.compute_capability != cc)
+        wanted = {package_name(cc), PACKAGE_PREFIX + (package_for(cc) or "")}
         for problem in self.problems:
-            if problem.package in (wanted, None):
+            if problem.package is None or problem.package in wanted:
                 raise problem.error
         installed = ", ".join(f"{m.package} ({m.arch})" for m in self.manifests) or "none"
         raise CubinNotInstalledError(
