@@ -1,5 +1,6 @@
 """The AOT build: cubin checks that must fail on a wrong arch or param list, and reproducible, incremental builds."""
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -491,6 +492,19 @@ def test_a_build_through_paths_with_spaces(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tree / cubin).stat().st_size > 0
+
+
+def test_pip_builds_the_runtime_wheel_from_a_checkout(tmp_path):
+    """`pip install .` or a git URL (pip's PEP 517 build, setuptools) gives the runtime that scons packages: the same
+    modules, no build or test code (pip failed on the checkout's flat layout)."""
+    tree = _checkout(tmp_path / "checkout")
+    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, str(tree), "-w",
+                    str(tmp_path / "wheels")], check=True, capture_output=True)
+    wheel, = (tmp_path / "wheels").glob("mamba2_aot-0.1.0-py3-none-any.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        modules = {name for name in zf.namelist() if name.endswith(".py")}
+    assert modules == {str(p.relative_to(ROOT / "runtime")) for p in (ROOT / "runtime" / "mamba2_aot").rglob("*.py")}
 
 
 def test_a_toolchain_other_than_the_pinned_one_stops_the_build(tmp_path):
