@@ -134,7 +134,7 @@ def test_forward_matches_oracle_over_drawn_options(problem, data):
         writes = [-1 if s else w for w, s in zip(order, skip)]
         initial_pool = torch.randn(slots, H, P, N, device="cuda").to(state_dtype)
         final_pool = torch.randn(slots, H, P, N, device="cuda").to(state_dtype)
-        pool_before = final_pool.clone()
+        pool_before, initial_before = final_pool.clone(), initial_pool.clone()
         zero = torch.zeros(H, P, N)
         oracle_inputs["initial_states"] = torch.stack(
             [initial_pool[r].float().cpu() if 0 <= r < slots else zero for r in reads])
@@ -166,6 +166,7 @@ def test_forward_matches_oracle_over_drawn_options(problem, data):
                                               _state_tolerance(c), f"final state of sequence {seq} in slot {slot}")
         for slot in sorted(set(range(slots)) - set(writes)):
             assert torch.equal(final_pool[slot], pool_before[slot]), f"pool slot {slot} was written"
+        assert torch.equal(initial_pool, initial_before), "the initial states' pool was written"
     for k, v in before.items():
         assert torch.equal(v, cuda[k]), f"input {k} was written"
 
