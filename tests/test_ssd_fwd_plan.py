@@ -281,7 +281,8 @@ def test_workspace_size_is_zero_for_calls_that_are_never_split():
     for extra in ({"seq_idx": fake_array(1 << 42, (1, 8192), "int32")},
                   {"cu_seqlens": fake_array(1 << 42, (3,), "int32")},
                   {"chunk_states": fake_array(1 << 41, (1, 32, 128, P, N), "fp32")},
-                  {"initial_states": pool, "final_states": pool}):
+                  {"initial_states": pool, "final_states": pool},
+                  {"initial_states": pool, "final_states": fake_array(1 << 42, (8, 128, P, N), "fp32")}):  # (a twin)
         assert runtime.workspace_size("ssd_fwd", x=args["x"], B=args["B"], **extra) == 0, extra
 
 

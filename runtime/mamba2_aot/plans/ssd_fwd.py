@@ -271,7 +271,8 @@ class SsdForwardPlan(CompositePlan):
         what its split needs; 0 for calls that are not split or keep the entering states in chunk_states (packed
         sequences, chunk_states, one pool read and written in place), when those arguments are given too."""
         expect_given(x=x, B=B)
-        in_place = initial_states is not None and initial_states is final_states
+        in_place = initial_states is not None and final_states is not None and (  # (as split_call: the same memory)
+            as_device_array(initial_states, "initial_states").ptr == as_device_array(final_states, "final_states").ptr)
         if seq_idx is not None or cu_seqlens is not None or chunk_states is not None or in_place:
             return 0
         x, B = as_device_array(x, "x"), as_device_array(B, "B")
