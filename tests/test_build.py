@@ -1,6 +1,6 @@
 """The AOT build: cubin checks that must fail on a wrong arch or param list, and reproducible, incremental builds."""
 import hashlib
-import importlib.util
+import importlib.metadata
 import json
 import os
 import re
@@ -463,14 +463,19 @@ def test_incremental_rebuild(two_clean_builds):
 def test_stale_wheels_are_removed_and_clean_removes_the_wheels(two_clean_builds):
     """A build removes this project's wheels of another version from dist/ (the runtime's version lock refuses their
     cubins, and `pip install dist/*.whl` fails on two versions of one package), leaving other files alone; ``scons
-    -c`` removes this project's wheels too (enscons keeps its own under -c)."""
+    -c`` removes this project's wheels too (enscons keeps its own under -c). Only a whole build or clean touches
+    dist/: not -n, -q, or one with targets named."""
     tree = two_clean_builds[1]
     dist = tree / "dist"
     stale = [dist / "mamba2_aot-0.0.9-py3-none-any.whl", dist / "mamba2_aot_cubins_sm90-0.0.9-py3-none-any.whl"]
     other = dist / "someone_else-0.0.9-py3-none-any.whl"
     for wheel in stale + [other]:
         wheel.write_bytes(b"old")
-    current = sorted(p.name for p in dist.glob("mamba2_aot*-0.1.0-*.whl"))
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    current = sorted(p.name for p in dist.glob(f"mamba2_aot*-{version}-*.whl"))
+    for untouching in (("-n",), ("-q",), ("-n", "-c"), ("-c", "build/wheel")):  # dry runs, questions, named targets
+        _scons(tree, *untouching)
+        assert all(p.exists() for p in stale), untouching
     proc = _scons(tree)
     assert proc.returncode == 0, proc.stderr
     assert not any(p.exists() for p in stale) and other.exists()
@@ -497,11 +502,18 @@ def test_a_build_through_paths_with_spaces(tmp_path):
 def test_pip_builds_the_runtime_wheel_from_a_checkout(tmp_path):
     """`pip install .` or a git URL (pip's PEP 517 build, setuptools) gives the runtime that scons packages: the same
     modules, no build or test code (pip failed on the checkout's flat layout)."""
+    from packaging.requirements import Requirement
     tree = _checkout(tmp_path / "checkout")
-    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    backend, = map(Requirement, pyproject["build-system"]["requires"])
+    try:  # (the installed setuptools where it meets the requirement: no download)
+        installed = importlib.metadata.version("setuptools")
+    except importlib.metadata.PackageNotFoundError:
+        installed = "0"
+    isolation = ["--no-build-isolation"] if backend.specifier.contains(installed) else []
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, str(tree), "-w",
                     str(tmp_path / "wheels")], check=True, capture_output=True)
-    wheel, = (tmp_path / "wheels").glob("mamba2_aot-0.1.0-py3-none-any.whl")
+    wheel, = (tmp_path / "wheels").glob(f"mamba2_aot-{pyproject['project']['version']}-py3-none-any.whl")
     with zipfile.ZipFile(wheel) as zf:
         modules = {name for name in zf.namelist() if name.endswith(".py")}
     assert modules == {str(p.relative_to(ROOT / "runtime")) for p in (ROOT / "runtime" / "mamba2_aot").rglob("*.py")}
@@ -512,10 +524,15 @@ def test_a_toolchain_other_than_the_pinned_one_stops_the_build(tmp_path):
     before anything is compiled, naming the package, both versions and the fix."""
     tree = _checkout(tmp_path)
     pins = tree / "requirements" / "build.txt"
-    pins.write_text(pins.read_text().replace("pyelftools==0.33", "pyelftools==0.1"))
+    pinned = pins.read_text()
+    # other spellings of the same pins (spaces, a marker, a trailing comment) are the same pins
+    pins.write_text(pinned.replace("pyelftools==0.33", "pyelftools == 0.33  # spaced")
+                    .replace("scons==4.11.1", 'scons==4.11.1 ; python_version >= "3.10"'))
+    assert _scons(tree, "-n").returncode == 0
+    pins.write_text(pinned.replace("pyelftools==0.33", "pyelftools==0.1"))
     proc = _scons(tree, "-n")
     assert proc.returncode != 0
-    assert "pyelftools: installed 0.33, pinned 0.1" in proc.stdout + proc.stderr
+    assert "pyelftools: installed 0.33, pinned ==0.1" in proc.stdout + proc.stderr
     assert "pip install -r requirements/build.txt" in proc.stdout + proc.stderr
 
 

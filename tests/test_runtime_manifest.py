@@ -190,6 +190,14 @@ def test_sm80_cubins_serve_every_later_8x_device_and_arch_specific_ones_only_the
     assert manifest.install_hint((12, 1)).startswith("none: no build target of mamba2_aot")
 
 
+@pytest.mark.parametrize("arch,cc,loads", [
+    ("sm_80", (8, 6), True), ("sm_80", (9, 0), False), ("sm_90a", (9, 0), True), ("sm_100a", (10, 3), False),
+    ("sm_100f", (10, 3), True), ("sm_103f", (10, 0), False), ("sm_120f", (12, 1), True), ("sm_120a", (12, 1), False),
+])
+def test_which_targets_load_on_which_devices(arch, cc, loads):
+    assert manifest.loads_on(arch, manifest.target_capability(arch), cc) is loads
+
+
 def test_the_runtimes_build_targets_are_the_builds():
     from kernel_src import toolchain
     assert manifest.BUILD_TARGETS == toolchain.ARCH_TARGETS

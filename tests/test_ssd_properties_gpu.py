@@ -5,8 +5,9 @@ around a fixed call; here every option is drawn at once, so that the combination
 the built variant, heads and groups, batch or packed sequences (cu_seqlens with empty sequences, or seq_idx),
 lengths that end inside a block, chunk size, D's shape, z, dt_bias, softplus, dt_limit, initial states (from a
 pool by slot, in the variant's state dtype), final and chunk states, a workspace (so long calls split along L),
-one kernel per head or heads in pairs, dt / x / z / B / C as column views of one fused projection, and the hot
-generator. Each example also checks that no input was written and that pool slots not named were left alone.
+the walk (a head per CTA), heads in pairs wherever a pair can run, or the plan's own choice, dt / x / z / B / C as
+column views of one fused projection, and the hot generator. Each example also checks that no input was written
+and that pool slots not named were left alone.
 
 The draws are derandomized (the same examples every run); a failure prints the falsifying draw. Needs a CUDA
 device and the built cubins; see tests/conftest.py.
@@ -37,6 +38,7 @@ def _built(family, **constants):
 
 
 def _backward_constants():
+    """ssd_bwd_chunk's built constants whose other steps are built too (its state dtype is the initial states')."""
     return [c for c in built_constants("ssd_bwd_chunk")
             if _built("ssd_fwd_states", **c) and _built("ssd_bwd_dstates", headdim=c["headdim"], d_state=c["d_state"],
                                                         io_dtype=c["io_dtype"])]
@@ -73,6 +75,8 @@ def problems(draw, constants, *, max_len, max_heads, generators_=("standard", "h
     if not draw(st.booleans()):
         del inputs["dt_bias"]
     inputs["dt_softplus"] = draw(st.booleans())
+    if not inputs["dt_softplus"] and "dt_bias" in inputs:  # (the generator's bias is Δ's inverse softplus: Δ here)
+        inputs["dt_bias"] = torch.nn.functional.softplus(inputs["dt_bias"])
     options = dict(chunk_size=chunk_size, dt_limit=draw(st.sampled_from(DT_LIMITS)))
     return c, inputs, options
 
@@ -118,7 +122,7 @@ def test_forward_matches_oracle_over_drawn_options(problem, data):
     final = not pooled and data.draw(st.booleans(), "final_states")
     chunks = data.draw(st.booleans(), "chunk_states")
     workspace = data.draw(st.booleans(), "workspace")
-    pairs = data.draw(st.sampled_from([None, False]), "paired_pays (None: the plan's choice)")
+    pairs = data.draw(st.sampled_from([None, False, True]), "paired_pays (None: the plan's choice)")
     strided = data.draw(st.booleans(), "fused projection views")
     cuda = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     oracle_inputs = dict(inputs)
@@ -181,7 +185,8 @@ def test_backward_matches_oracle_over_drawn_options(problem, data):
     from mamba2_aot import dispatch
     from mamba2_aot.plans import ssd_bwd
     c, inputs, options = problem
-    assert c["state_dtype"] == "fp32"  # (the backward's recompute keeps fp32 states)
+    if "initial_states" in inputs:  # (the initial states' dtype picks the variant; without them, fp32's runs)
+        inputs["initial_states"] = inputs["initial_states"].to(TORCH_DTYPES[c["state_dtype"]])
     del options["chunk_size"]  # (the backward's blocks are 64 tokens whatever the forward's chunk size)
     H, P, N = inputs["x"].shape[2], inputs["x"].shape[3], inputs["B"].shape[-1]
     gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16), "gradient seed"))

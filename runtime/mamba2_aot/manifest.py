@@ -70,9 +70,10 @@ def target_capability(arch: str) -> tuple[int, int]:
 
 def loads_on(arch: str, built: tuple[int, int], cc: tuple[int, int]) -> bool:
     """Whether cubins compiled for the target ``arch`` (of compute capability ``built``) load on a device of compute
-    capability ``cc``: an arch-specific target (``sm_90a``) on its own capability only; a plain one (``sm_80``) on
-    its major's later minors too (CUDA's binary compatibility: sm_80 cubins run on 8.6 and 8.9)."""
-    if arch.endswith(("a", "f")):
+    capability ``cc``: an arch-specific target (``sm_90a``) on its own capability only; a plain one (``sm_80``) or a
+    family one (``sm_100f``) on its major's later minors too (CUDA's binary compatibility: sm_80 cubins run on 8.6 and
+    8.9, sm_100f's on 10.3)."""
+    if arch.endswith("a"):
         return cc == built
     return cc[0] == built[0] and cc[1] >= built[1]
 
