@@ -14,9 +14,14 @@ def built_constants(family: str) -> list[dict]:
     return [dict(c) for c in sorted({tuple(sorted(v["constants"].items())) for v in rows})]
 
 
+def is_built(family: str, **constants) -> bool:
+    """Whether a built variant of ``family`` has these constants (others may differ)."""
+    from mamba2_aot import runtime
+    return any(all(v["constants"].get(k) == c for k, c in constants.items()) for v in runtime.list_variants(family))
+
+
 def require_built(family: str, **constants) -> None:
     """Skip the calling test unless a built variant of ``family`` has these constants (a missing install is an
     error, not a skip)."""
-    from mamba2_aot import runtime
-    if not any(all(v["constants"].get(k) == c for k, c in constants.items()) for v in runtime.list_variants(family)):
+    if not is_built(family, **constants):
         pytest.skip(f"no {family} variant with {constants} in this build")

@@ -50,7 +50,8 @@ def test_list_says_sm80_cubins_run_on_a_later_8x_device(tmp_path, monkeypatch, c
     monkeypatch.setattr(driver, "_driver", FakeDriver(capabilities=[(8, 9)]))
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    assert "(sm_80, compute capability 8.0)" in out and "ssd_chunk_cumsum[chunk_size=64,dt_dtype=bf16]: runs here" in out
+    assert "(sm_80, compute capability 8.0)" in out
+    assert "ssd_chunk_cumsum[chunk_size=64,dt_dtype=bf16]: runs here" in out
 
 
 def test_list_marks_unvalidated_variants(cubins, monkeypatch, capsys):

@@ -21,27 +21,21 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import reference  # noqa: E402
-from built_variants import built_constants  # noqa: E402
+from built_variants import built_constants, is_built  # noqa: E402
 from reference import generators  # noqa: E402
-from test_ssd_bwd_gpu import _backward, _check as _check_grads, _oracle as _oracle_grads  # noqa: E402
+from test_ssd_bwd_gpu import _backward, _check as _check_grads, _num_seqs, _oracle as _oracle_grads  # noqa: E402
 from test_ssd_fwd_gpu import TORCH_DTYPES, _oracle, _run  # noqa: E402
 
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 DT_LIMITS = [(0.0, float("inf")), (0.0, 0.1), (1e-3, 0.2), (0.0, 50.0)]
-ROWS = ("x", "dt", "B", "C", "z")  # (batch, L, ...) inputs
-
-
-def _built(family, **constants):
-    from mamba2_aot import runtime
-    return any(all(v["constants"].get(k) == c for k, c in constants.items()) for v in runtime.list_variants(family))
 
 
 def _backward_constants():
     """ssd_bwd_chunk's built constants whose other steps are built too (its state dtype is the initial states')."""
     return [c for c in built_constants("ssd_bwd_chunk")
-            if _built("ssd_fwd_states", **c) and _built("ssd_bwd_dstates", headdim=c["headdim"], d_state=c["d_state"],
-                                                        io_dtype=c["io_dtype"])]
+            if is_built("ssd_fwd_states", **c) and is_built("ssd_bwd_dstates", headdim=c["headdim"],
+                                                            d_state=c["d_state"], io_dtype=c["io_dtype"])]
 
 
 @st.composite
@@ -79,12 +73,6 @@ def problems(draw, constants, *, max_len, max_heads, generators_=("standard", "h
         inputs["dt_bias"] = torch.nn.functional.softplus(inputs["dt_bias"])
     options = dict(chunk_size=chunk_size, dt_limit=draw(st.sampled_from(DT_LIMITS)))
     return c, inputs, options
-
-
-def _num_seqs(inputs):
-    if "cu_seqlens" in inputs:
-        return inputs["cu_seqlens"].shape[0] - 1
-    return int(inputs["seq_idx"].max()) + 1 if "seq_idx" in inputs else inputs["x"].shape[0]
 
 
 def _fused_projection(inputs):

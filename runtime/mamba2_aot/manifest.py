@@ -344,7 +344,8 @@ class Catalog:
         found = [m for m in self.manifests if m.loads_on(cc)]
         if found:  # (a build for cc itself before one that also loads there: sm_86 cubins before sm_80 ones on 8.6)
             return sorted(found, key=lambda m: m.compute_capability != cc)
-        wanted = {package_name(cc), PACKAGE_PREFIX + (package_for(cc) or "")}
+        short = package_for(cc)
+        wanted = {package_name(cc)} | ({PACKAGE_PREFIX + short} if short else set())
         for problem in self.problems:
             if problem.package is None or problem.package in wanted:
                 raise problem.error
