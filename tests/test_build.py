@@ -645,6 +645,19 @@ def test_a_misspelt_build_option_stops_the_build(option, says):
     assert says in proc.stdout + proc.stderr
 
 
+def test_a_dry_run_of_a_fresh_checkout_names_each_compile_once(tmp_path):
+    """``scons -n`` lists one ``would compile`` line per cubin of the build, and nothing else as a compile (it listed
+    the copies of the cubins into build/wheel as compiles too)."""
+    proc = _scons(_checkout(tmp_path), "-n", "arch=sm90")
+    assert proc.returncode == 0, proc.stderr
+    would = sorted(line.removeprefix("would compile ") for line in proc.stdout.splitlines()
+                   if line.startswith("would compile "))
+    ci_matrix = tomllib.loads((ROOT / "build_configs" / "ci.toml").read_text())
+    assert would == sorted(f"build/stage/mamba2_aot_cubins_sm90/cubins/{families.variant_stem(family, constants)}.cubin"
+                           for family, constants in families.expand(ci_matrix)
+                           if not families.unsupported(family, constants, "sm_90a"))
+
+
 def test_help_lists_the_options_without_expanding_the_variants():
     """``scons -h`` prints the build options and stops: it expanded (and imported) every variant first, about a
     minute for config=full, which sm_120a's skipped-variant lines show."""
