@@ -157,6 +157,9 @@ class SsdBackwardStates:
             a, dt, seq_idx, row, h, (blk_first + blk_count - 1 - warp_id) * TILE, start, end, lane)
 
         sources = (dout[row, None, h, None], z[row, None, h, None], Cm[row, None, g, None])
+        # whether a sequence starts at the first row of the block walked last (the next one along L): the sequence
+        # in this block's last row then ends there, which this block's own change mask does not show
+        next_block_starts_sequence = Int32(0)
         if blk_count > 0:
             self._load_tiles(a, g2s, thr, sources, storage, blk_first + blk_count - 1, ptile, Int32(0))
         cute.arch.cp_async_commit_group()
@@ -193,6 +196,8 @@ class SsdBackwardStates:
                     ends_sequence = Int32(1)
                 if s1 < TILE:
                     ends_sequence = ends_sequence | mask_bit(changes_lo, changes_hi, s1)
+                else:
+                    ends_sequence = ends_sequence | next_block_starts_sequence
                 if ends_sequence != 0:
                     valid = Int32(0)
                     if a.has_dfinal_states != 0:
@@ -211,6 +216,7 @@ class SsdBackwardStates:
                             store_state(dinitial[seq, h, None, None], mma, acc, p0, Float32)
                     if a.has_seq_idx != 0:
                         seq = seq - 1
+                next_block_starts_sequence = starts_sequence  # (the block's last run walked starts at its row 0)
                 s1 = s0
 
         if end <= start:  # an empty sequence: its final state is its initial one

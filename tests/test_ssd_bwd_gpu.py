@@ -159,10 +159,15 @@ def test_hot_inputs(dt_limit):
     _check(got, ref)
 
 
+@pytest.mark.parametrize("lengths", [None, [1, 63, 64, 1]], ids=["lengths-from-the-generator", "ends-at-block-ends"])
 @pytest.mark.parametrize("packing", ["cu_seqlens", "seq_idx"])
-def test_packed_sequences(packing, walk_launches):
+def test_packed_sequences(packing, lengths, walk_launches):
+    """Sequences starting inside 64-token blocks; and sequences whose last token is a block's last row (the reverse
+    walk learns of that end only from the next block's first row: with seq_idx it carried the next sequence's state
+    gradient into this one)."""
     _require(64, 64)
-    inputs = generators.packed_inputs(4, 64, 64, 2, torch.bfloat16, seed=11, chunk_size=64, D="H", z=True)
+    inputs = generators.packed_inputs(4, 64, 64, 2, torch.bfloat16, seed=11, chunk_size=64, lengths=lengths, D="H",
+                                      z=True)
     del inputs["cu_seqlens" if packing == "seq_idx" else "seq_idx"]
     dout, dfinal = _dout(inputs, 11), _dfinal(inputs, 11)
     got, _ = _backward(inputs, dout, dfinal)
