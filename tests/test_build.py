@@ -473,11 +473,13 @@ def test_stale_wheels_are_removed_and_clean_removes_the_wheels(two_clean_builds)
         wheel.write_bytes(b"old")
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     current = sorted(p.name for p in dist.glob(f"mamba2_aot*-{version}-*.whl"))
-    for untouching in (("-n",), ("-q",), ("-n", "-c"), ("-c", "build/wheel")):  # dry runs, questions, named targets
+    runtime_wheel = f"dist/mamba2_aot-{version}-py3-none-any.whl"  # (built from no cubin: its clean leaves them)
+    for untouching in (("-n",), ("-q",), ("-n", "-c"), ("-c", runtime_wheel)):  # dry runs, questions, named targets
         _scons(tree, *untouching)
         assert all(p.exists() for p in stale), untouching
     proc = _scons(tree)
     assert proc.returncode == 0, proc.stderr
+    assert "compiled " not in proc.stdout  # (cleaning build/wheel cleaned the cubins it copies: CI recompiled them)
     assert not any(p.exists() for p in stale) and other.exists()
     assert all(f"removed dist/{p.name}" in proc.stdout for p in stale), proc.stdout
     assert sorted(p.name for p in dist.glob("mamba2_aot*.whl")) == current
