@@ -3,11 +3,11 @@
 The parametrized tests in tests/test_ssd_fwd_gpu.py and tests/test_ssd_bwd_gpu.py each vary one or two options
 around a fixed call; here every option is drawn at once, so that the combinations those grids leave out run too:
 the built variant, heads and groups, batch or packed sequences (cu_seqlens with empty sequences, or seq_idx),
-lengths that end inside a block, chunk size, D's shape, z, dt_bias, softplus, dt_limit, initial states (from a
-pool by slot, in the variant's state dtype), final and chunk states, a workspace (so long calls split along L),
-the walk (a head per CTA), heads in pairs wherever a pair can run, or the plan's own choice, dt / x / z / B / C as
-column views of one fused projection, and the hot generator. Each example also checks that no input was written
-and that pool slots not named were left alone.
+lengths that end inside a block, on its edge or beside it, chunk size, D's shape, z, dt_bias, softplus, dt_limit,
+initial states (from a pool by slot, in the variant's state dtype), final and chunk states, a workspace (so long calls
+split along L), the walk (a head per CTA), heads in pairs wherever a pair can run, or the plan's own choice, dt / x /
+z / B / C as column views of one fused projection, and the hot generator. Each example also checks that no input was
+written and that pool slots not named were left alone.
 
 The draws are derandomized (the same examples every run); a failure prints the falsifying draw. Needs a CUDA
 device and the built cubins; see tests/conftest.py.
@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import reference  # noqa: E402
@@ -26,9 +26,10 @@ from reference import generators  # noqa: E402
 from test_ssd_bwd_gpu import _backward, _check as _check_grads, _num_seqs, _oracle as _oracle_grads  # noqa: E402
 from test_ssd_fwd_gpu import TORCH_DTYPES, _oracle, _run  # noqa: E402
 
-SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=None,
+SETTINGS = settings(max_examples=100, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 DT_LIMITS = [(0.0, float("inf")), (0.0, 0.1), (1e-3, 0.2), (0.0, 50.0)]
+BLOCK = 64  # the tokens a walk's step covers (kernel_src/ssd_tiles.TILE)
 
 
 def _backward_constants():
@@ -36,6 +37,23 @@ def _backward_constants():
     return [c for c in built_constants("ssd_bwd_chunk")
             if is_built("ssd_fwd_states", **c) and is_built("ssd_bwd_dstates", headdim=c["headdim"],
                                                             d_state=c["d_state"], io_dtype=c["io_dtype"])]
+
+
+@st.composite
+def packed_lengths(draw, shortest, longest):
+    """1..4 sequence lengths from [shortest, longest], not all zero. About half are stretched (by up to a block) to
+    end on a 64-token block's edge or a token either side of it, where a chunk of 128 or 256 may end too: there a walk
+    that sees one block at a time meets the next sequence (the backward once carried one sequence's state gradient
+    into the one before it there)."""
+    lengths, end = [], 0
+    for _ in range(draw(st.integers(1, 4))):
+        n = draw(st.integers(shortest, longest))
+        if draw(st.booleans()):
+            n = max(-(-(end + n) // BLOCK) * BLOCK + draw(st.sampled_from([-1, 0, 1])) - end, shortest)
+        lengths.append(n)
+        end += n
+    assume(end > 0)
+    return lengths
 
 
 @st.composite
@@ -53,9 +71,7 @@ def problems(draw, constants, *, max_len, max_heads, generators_=("standard", "h
     shapes = dict(D=draw(st.sampled_from([None, "H", "HP"])), z=draw(st.booleans()))
     seed = draw(st.integers(0, 2**16))
     if packing:
-        shortest = 0 if packing == "cu_seqlens" else 1
-        lengths = draw(st.lists(st.integers(shortest, max_len // 3), min_size=1, max_size=4)
-                       .filter(lambda ls: sum(ls) > 0))
+        lengths = draw(packed_lengths(0 if packing == "cu_seqlens" else 1, max_len // 3))
         inputs = generators.packed_inputs(H, P, N, G, io, seed, chunk_size=chunk_size, lengths=lengths,
                                           generator=generator, **shapes)
         del inputs["seq_idx" if packing == "cu_seqlens" else "cu_seqlens"]
