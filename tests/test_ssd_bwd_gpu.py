@@ -175,6 +175,18 @@ def test_packed_sequences(packing, lengths, walk_launches):
     _check(got, _oracle(inputs, dout, dfinal))
 
 
+def test_seq_idx_rows_of_their_own(walk_launches):
+    """seq_idx at batch 2, each row packing its own sequences, cut at other places (on a 64-token block's edge and
+    beside it); every gradient but the per-sequence states' (those need batch 1)."""
+    _require(64, 64)
+    inputs = generators.standard_inputs(2, 200, 4, 64, 64, 2, torch.bfloat16, seed=72, D="H", z=True)
+    inputs["seq_idx"] = generators.seq_idx_rows([40, 24, 136], [64, 1, 63, 72])
+    dout = _dout(inputs, 72)
+    got, _ = _backward(inputs, dout, want_dinitial=False)
+    assert walk_launches, "the plan did not choose how to launch the walks"
+    _check(got, _oracle(inputs, dout))
+
+
 @pytest.mark.parametrize("N", [128, 256])
 def test_packed_equals_separate_runs(N):
     """cu_seqlens with sequences starting inside blocks == each sequence run alone (batch 1, its own initial state and

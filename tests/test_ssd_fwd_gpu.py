@@ -124,6 +124,16 @@ def test_packed_sequences(packing, Q):
     _check(got, _oracle(inputs, chunk_size=Q, final=True, chunks=True))
 
 
+def test_seq_idx_rows_of_their_own():
+    """seq_idx at batch 2: each row packs its own sequences, cut at other places (on a 64-token block's edge, beside
+    it, on a chunk's edge); chunk states too (per-sequence states need batch 1)."""
+    _require(headdim=64, d_state=128, io_dtype="bf16", state_dtype="fp32")
+    inputs = generators.standard_inputs(2, 300, 4, 64, 128, 2, torch.bfloat16, seed=71, z=True)
+    inputs["seq_idx"] = generators.seq_idx_rows([40, 88, 172], [64, 1, 63, 172])
+    inputs = _to_cuda(inputs)
+    _check(_run(inputs, chunk_size=128, chunks=True), _oracle(inputs, chunk_size=128, chunks=True))
+
+
 def test_packed_equals_separate_runs_and_split_sequences_carry_states():
     """One packed call == each sequence alone; a sequence split in two calls (final -> initial) == one call."""
     _require(headdim=64, d_state=128, io_dtype="bf16", state_dtype="fp32")

@@ -87,6 +87,13 @@ def packed_lengths(chunk_size, seed=0, extra=3):
     return lengths
 
 
+def seq_idx_rows(*rows):
+    """seq_idx (len(rows), L) int32 for rows of sequence lengths (each row summing to L): sequence k of a row is
+    numbered k, so each row's numbers start at 0 (only the changes along a row mark sequences)."""
+    return torch.stack([torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32), torch.tensor(lengths))
+                        for lengths in rows])
+
+
 def packed_inputs(H, P, N, G=1, dtype=torch.bfloat16, seed=0, *, chunk_size, extra=3, lengths=None,
                   generator=standard_inputs, **kwargs):
     """Packed variable-length sequences along L with B == 1.
@@ -99,7 +106,6 @@ def packed_inputs(H, P, N, G=1, dtype=torch.bfloat16, seed=0, *, chunk_size, ext
     out = generator(1, sum(lengths), H, P, N, G, dtype, seed, **kwargs)
     gen = torch.Generator().manual_seed(seed + 2_000_003)
     out["cu_seqlens"] = torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0).to(torch.int32)
-    out["seq_idx"] = torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32),
-                                             torch.tensor(lengths))[None]
+    out["seq_idx"] = seq_idx_rows(lengths)
     out["initial_states"] = torch.randn(len(lengths), H, P, N, generator=gen, dtype=torch.float32)
     return out
