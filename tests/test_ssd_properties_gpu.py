@@ -15,6 +15,7 @@ device and the built cubins; see tests/conftest.py.
 import pytest
 
 torch = pytest.importorskip("torch")
+pytest.importorskip("hypothesis")  # (requirements/test.txt has it; a bare GPU image may not)
 pytestmark = pytest.mark.gpu
 
 from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
