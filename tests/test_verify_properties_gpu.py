@@ -3,9 +3,10 @@
 tests/test_verify_gpu.py holds fixed calls and the bitwise equivalences (one-token calls, compact replay); here every
 option is drawn at once: the built variant (P, N, I/O and pool dtype), heads and groups, batch and T, D's shape, z,
 dt_bias, softplus, dt_limit, the slots (padding rows, slots past the pool, spare slots), the snapshot targets
-(skipped, past the pool), and x / z / B / C / dt as column views of one fused projection. Each example checks the
-outputs (zero on rows that do not run), the slots written, that every other slot keeps its bytes, the ``rejected``
-count, and that no input was written.
+(skipped, past the pool), one CTA or two per state, and x / z / B / C / dt as column views of one fused projection.
+Each example checks the outputs (zero on rows that do not run), the slots written, that every other slot and the
+memory either side of the pool keep their bytes, that ``rejected`` is added to by the slots past the pool, and that
+no input was written.
 
 The draws are derandomized (the same examples every run); a failure prints the falsifying draw. Needs a CUDA device
 and the built cubins; see tests/conftest.py.
@@ -38,20 +39,23 @@ def _variants():
     return [c for c in built_constants("verify") if c["conv_dtype"] == "none" and c["mode"] in ORACLES]
 
 
+PAST_THE_END = "past the end"  # (a slot at or past the pool's end, set once its size is known)
+
+
 @st.composite
 def slot_draws(draw, count, free):
-    """``count`` slots: each a distinct slot taken from the list ``free`` (in place), -1 (not used) or one past the
-    pool's end (counted as rejected). Returns (slots, how many lie past the end)."""
+    """``count`` slots: each a distinct slot taken from the list ``free`` (in place), a negative one (not used) or
+    one at or past the pool's end (rejected). Returns (slots, how many lie past the end)."""
     slots, past = [], 0
     for _ in range(count):
-        kind = draw(st.sampled_from(["slot", "slot", "slot", "unused", "past the end"]))
+        kind = draw(st.sampled_from(["slot", "slot", "slot", "negative", PAST_THE_END]))
         if kind == "slot" and free:
             slots.append(free.pop(draw(st.integers(0, len(free) - 1))))
-        elif kind == "past the end":
-            slots.append(-2)  # (set once the pool's size is known)
+        elif kind == PAST_THE_END:
+            slots.append((PAST_THE_END, draw(st.sampled_from([0, 1, 2**31 - 1]))))
             past += 1
         else:
-            slots.append(-1)
+            slots.append(draw(st.sampled_from([-1, -2, -2**31])))
     return slots, past
 
 
@@ -78,17 +82,18 @@ def test_verify_matches_oracle_over_drawn_options(data):
     num_slots = batch * (T + 1 if mode == "snapshot" else 1) + spare
     free = list(range(num_slots))
     sources, rejected = data.draw(slot_draws(batch, free), "state_indices")
+
+    def placed(slot):
+        return slot if isinstance(slot, int) else min(num_slots + slot[1], 2**31 - 1)
+
+    sources = [placed(s) for s in sources]
+    runs = [b for b, s in enumerate(sources) if 0 <= s < num_slots]
     extra, targets = {}, []
     if mode == "snapshot":
         for b in range(batch):
-            if sources[b] >= 0:
-                row, past = data.draw(slot_draws(T, free), f"snapshot_indices of row {b}")
-                rejected += past
-            else:  # (a row that does not run reads none of its targets)
-                row = [-1] * T
-            targets.append(row)
-    sources = [num_slots if s == -2 else s for s in sources]
-    targets = [[num_slots if s == -2 else s for s in row] for row in targets]
+            row, past = data.draw(slot_draws(T, free), f"snapshot_indices of row {b}")
+            rejected += past if b in runs else 0  # (a row that does not run reads none of its targets)
+            targets.append([placed(s) for s in row])
 
     cuda = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     if data.draw(st.booleans(), "fused projection views"):
@@ -97,14 +102,21 @@ def test_verify_matches_oracle_over_drawn_options(data):
     if mode == "snapshot":
         extra["snapshot_indices"] = torch.tensor(targets, dtype=torch.int32, device="cuda")
     gen = torch.Generator().manual_seed(num_slots)
-    pool = torch.randn(num_slots, H, P, N, generator=gen).to(TORCH_DTYPES[pool_dtype]).cuda()
-    pool_before = pool.clone()
+    # a slot's worth of memory either side of the pool, which no call may write
+    backing = torch.randn(num_slots + 2, H, P, N, generator=gen).to(TORCH_DTYPES[pool_dtype]).cuda()
+    backing_before = backing.clone()
+    pool, pool_before = backing[1:-1], backing_before[1:-1]
     out = torch.full((batch, T, H, P), float("nan"), dtype=io, device="cuda")
-    counted = torch.zeros(1, dtype=torch.int32, device="cuda")
-    before = {k: v.clone() for k, v in cuda.items() if isinstance(v, torch.Tensor)}
+    counted = torch.full((1,), 5, dtype=torch.int32, device="cuda")  # (a count is added to, not overwritten)
+    given = {k: v for k, v in {**cuda, **extra, "state_indices": state_indices}.items() if isinstance(v, torch.Tensor)}
+    before = {k: v.clone() for k, v in given.items()}
     from mamba2_aot import runtime
-    runtime.launch("verify", mode=mode, state=pool, out=out, state_indices=state_indices, rejected=counted,
-                   **cuda, **extra)
+    from mamba2_aot.plans import verify
+    with pytest.MonkeyPatch.context() as mp:
+        if data.draw(st.booleans(), "one CTA per state"):
+            mp.setattr(verify, "SPLIT_AT_MOST", 0)
+        runtime.launch("verify", mode=mode, state=pool, out=out, state_indices=state_indices, rejected=counted,
+                       **cuda, **extra)
     torch.cuda.synchronize()
 
     oracle_args = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
@@ -112,16 +124,18 @@ def test_verify_matches_oracle_over_drawn_options(data):
     ref = ORACLES[mode](pool_before.cpu(), state_indices.cpu(), pool_dtype=TORCH_DTYPES[pool_dtype], **oracle_args,
                         **oracle_extra)
     tol_out, tol_states = _tolerances(c["io_dtype"], pool_dtype)
-    reference.assert_close_scaled(out.cpu(), ref.out, tol_out, "out")
+    if runs:  # (rows that do not run would lower the outputs' scale)
+        reference.assert_close_scaled(out[runs].cpu(), ref.out[runs], tol_out, "out")
     for b, slot in enumerate(sources):
-        if not 0 <= slot < num_slots:
+        if b not in runs:
             assert torch.all(out[b] == 0), f"row {b} (slot {slot}) does not run: its outputs are zero"
-    written = sorted({s for s in sources if 0 <= s < num_slots} if mode == "update"
-                     else {s for row in targets for s in row if 0 <= s < num_slots})
+    written = sorted({sources[b] for b in runs} if mode == "update"
+                     else {s for b in runs for s in targets[b] if 0 <= s < num_slots})
     if written:
         reference.assert_close_scaled(pool[written].float().cpu(), ref.pool[written], tol_states, "slots written")
     for slot in sorted(set(range(num_slots)) - set(written)):
         assert torch.equal(pool[slot], pool_before[slot]), f"slot {slot} was not named but was written"
-    assert counted.item() == rejected, "the rejected count"
+    assert torch.equal(backing[[0, -1]], backing_before[[0, -1]]), "memory either side of the pool was written"
+    assert counted.item() == 5 + rejected, "the rejected count"
     for k, v in before.items():
-        assert torch.equal(v, cuda[k]), f"input {k} was written"
+        assert torch.equal(v, given[k]), f"input {k} was written"
