@@ -23,6 +23,7 @@ from build_tools import reproducible_compile  # noqa: E402
 from kernel_src import cubin_checks, families, toolchain  # noqa: E402
 
 FAMILY, CONSTANTS = "ssd_chunk_cumsum", {"chunk_size": 64, "dt_dtype": "bf16"}
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
 def _arguments(tmp_path, family, constants, *more):
@@ -471,7 +472,7 @@ def test_stale_wheels_are_removed_and_clean_removes_the_wheels(two_clean_builds)
     other = dist / "someone_else-0.0.9-py3-none-any.whl"
     for wheel in stale + [other]:
         wheel.write_bytes(b"old")
-    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    version = PYPROJECT["project"]["version"]
     current = sorted(p.name for p in dist.glob(f"mamba2_aot*-{version}-*.whl"))
     runtime_wheel = f"dist/mamba2_aot-{version}-py3-none-any.whl"  # (built from no cubin: its clean leaves them)
     for untouching in (("-n",), ("-q",), ("-n", "-c"), ("-c", runtime_wheel)):  # dry runs, questions, named targets
@@ -506,8 +507,7 @@ def test_pip_builds_the_runtime_wheel_from_a_checkout(tmp_path):
     modules, no build or test code (pip failed on the checkout's flat layout)."""
     from packaging.requirements import Requirement
     tree = _checkout(tmp_path / "checkout")
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    backend, = map(Requirement, pyproject["build-system"]["requires"])
+    backend, = map(Requirement, PYPROJECT["build-system"]["requires"])
     try:  # (the installed setuptools where it meets the requirement: no download)
         installed = importlib.metadata.version("setuptools")
     except importlib.metadata.PackageNotFoundError:
@@ -515,7 +515,7 @@ def test_pip_builds_the_runtime_wheel_from_a_checkout(tmp_path):
     isolation = ["--no-build-isolation"] if backend.specifier.contains(installed) else []
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, str(tree), "-w",
                     str(tmp_path / "wheels")], check=True, capture_output=True)
-    wheel, = (tmp_path / "wheels").glob(f"mamba2_aot-{pyproject['project']['version']}-py3-none-any.whl")
+    wheel, = (tmp_path / "wheels").glob(f"mamba2_aot-{PYPROJECT['project']['version']}-py3-none-any.whl")
     with zipfile.ZipFile(wheel) as zf:
         modules = {name for name in zf.namelist() if name.endswith(".py")}
     assert modules == {str(p.relative_to(ROOT / "runtime")) for p in (ROOT / "runtime" / "mamba2_aot").rglob("*.py")}

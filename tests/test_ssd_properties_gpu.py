@@ -57,6 +57,16 @@ def packed_lengths(draw, shortest, longest):
     return lengths
 
 
+def draw_dt_bias_and_softplus(draw, inputs):
+    """Keep the generator's dt_bias in ``inputs`` or drop it, and draw dt_softplus (``draw``: a composite's draw or
+    ``data.draw``). Without softplus the bias, Δ's inverse softplus, becomes Δ itself."""
+    if not draw(st.booleans()):
+        del inputs["dt_bias"]
+    inputs["dt_softplus"] = draw(st.booleans())
+    if not inputs["dt_softplus"] and "dt_bias" in inputs:
+        inputs["dt_bias"] = torch.nn.functional.softplus(inputs["dt_bias"])
+
+
 @st.composite
 def problems(draw, constants, *, max_len, max_heads, generators_=("standard", "hot")):
     """A drawn call: (constants, inputs on the CPU, options). Packed calls are batch 1 with cu_seqlens (sequences may
@@ -83,11 +93,7 @@ def problems(draw, constants, *, max_len, max_heads, generators_=("standard", "h
         inputs = generator(batch, L, H, P, N, G, io, seed, initial_states=True, **shapes)
     if not draw(st.booleans()):
         del inputs["initial_states"]
-    if not draw(st.booleans()):
-        del inputs["dt_bias"]
-    inputs["dt_softplus"] = draw(st.booleans())
-    if not inputs["dt_softplus"] and "dt_bias" in inputs:  # (the generator's bias is Δ's inverse softplus: Δ here)
-        inputs["dt_bias"] = torch.nn.functional.softplus(inputs["dt_bias"])
+    draw_dt_bias_and_softplus(draw, inputs)
     options = dict(chunk_size=chunk_size, dt_limit=draw(st.sampled_from(DT_LIMITS)))
     return c, inputs, options
 

@@ -19,17 +19,15 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("hypothesis")  # (requirements/test.txt has it; a bare GPU image may not)
 pytestmark = pytest.mark.gpu
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import reference  # noqa: E402
 from built_variants import built_constants  # noqa: E402
 from reference import generators  # noqa: E402
-from test_ssd_properties_gpu import _fused_projection  # noqa: E402
+from test_ssd_properties_gpu import SETTINGS, _fused_projection, draw_dt_bias_and_softplus  # noqa: E402
 from test_verify_gpu import TORCH_DTYPES, _tolerances  # noqa: E402
 
-SETTINGS = settings(max_examples=100, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 DT_LIMITS = [(0.0, math.inf), (0.0, 0.1), (1e-3, 0.2)]
 ORACLES = {"update": reference.verify_update, "snapshot": reference.verify_snapshot}
 
@@ -71,11 +69,7 @@ def test_verify_matches_oracle_over_drawn_options(data):
     inputs = generators.standard_inputs(batch, T, H, P, N, G, io, data.draw(st.integers(0, 2**16), "seed"),
                                         D=data.draw(st.sampled_from([None, "H", "HP"]), "D"),
                                         z=data.draw(st.booleans(), "z"))
-    if not data.draw(st.booleans(), "dt_bias"):
-        del inputs["dt_bias"]
-    inputs["dt_softplus"] = data.draw(st.booleans(), "dt_softplus")
-    if not inputs["dt_softplus"] and "dt_bias" in inputs:  # (the generator's bias is Δ's inverse softplus: Δ here)
-        inputs["dt_bias"] = torch.nn.functional.softplus(inputs["dt_bias"])
+    draw_dt_bias_and_softplus(data.draw, inputs)
     inputs["dt_limit"] = data.draw(st.sampled_from(DT_LIMITS), "dt_limit")
 
     spare = data.draw(st.integers(0, 3), "spare slots")
