@@ -230,6 +230,21 @@ def test_an_empty_sequence_gets_its_final_state_gradient():
     assert torch.equal(got["dinitial_states"][1], dfinal[1])
 
 
+@pytest.mark.parametrize("D", ["H", "HP"])
+def test_an_empty_batch_writes_zero_sums_and_nothing_else(D):
+    """Batch 0: dA, dD and ddt_bias are sums over no tokens, zero (written over NaN: only ssd_bwd_reduce runs);
+    every other gradient is empty, and so is the workspace."""
+    _require(64, 64)
+    inputs = generators.standard_inputs(0, 100, 4, 64, 64, 1, torch.bfloat16, seed=5, D=D, z=True,
+                                        initial_states=True)
+    got, size = _backward(inputs, torch.zeros(0, 100, 4, 64, dtype=torch.bfloat16))
+    assert size == 0
+    sums = ("dA", "dD", "ddt_bias")
+    for name in sums:
+        assert got[name].numel() > 0 and torch.equal(got[name], torch.zeros_like(got[name])), name
+    assert all(got[name].numel() == 0 for name in got if name not in sums)
+
+
 def test_all_zero_seq_idx_equals_none():
     _require(64, 64)
     inputs = generators.standard_inputs(1, 200, 2, 64, 64, 1, torch.bfloat16, seed=2, D="H", z=True,

@@ -263,12 +263,23 @@ def test_bad_input_is_refused_before_anything_launches(no_driver, over, error, a
     expect_refused("ssd_bwd", bwd_args(**over), error, argument, fragment)
 
 
-@pytest.mark.parametrize("shape", [{"batch": 0}, {"heads": 0}])
-def test_an_empty_batch_or_no_heads_is_refused_before_anything_launches(stub_launches, shape):
+def test_an_empty_batch_launches_only_the_sums_which_write_zero_da_dd_ddt_bias(stub_launches):
     from mamba2_aot import dispatch
     _, log = stub_launches
-    with pytest.raises(errors.ShapeError, match="needs batch >= 1 and nheads >= 1") as info:
-        dispatch.launch("ssd_bwd", stream=0, **bwd_args(**shape))
+    bound = steps(**bwd_args(batch=0))
+    assert [call.grid for _, call in bound if 0 not in call.grid] == [(H, 1, 1)]
+    family, reduce = bound[-1]
+    assert family == "ssd_bwd_reduce" and reduce.params["batch"] == 0   # the head sums loop over no rows: zero
+    assert {a.name for a in reduce.outputs} >= {"dA", "dD", "ddt_bias"}
+    dispatch.launch("ssd_bwd", stream=0, **bwd_args(batch=0))
+    assert log == ["ssd_bwd_reduce"]
+
+
+def test_no_heads_is_refused_before_anything_launches(stub_launches):
+    from mamba2_aot import dispatch
+    _, log = stub_launches
+    with pytest.raises(errors.ShapeError, match="needs nheads >= 1") as info:
+        dispatch.launch("ssd_bwd", stream=0, **bwd_args(heads=0))
     assert info.value.argument == "x" and log == []
 
 

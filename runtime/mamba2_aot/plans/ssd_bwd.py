@@ -9,8 +9,9 @@ Call::
 
 The forward's arguments (x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states,
 initial_state_indices, seq_idx, cu_seqlens) are exactly ``ssd_fwd``'s (see plans/ssd_fwd.py), and so are its
-rules, but that batch and nheads must be at least 1 (an empty ``ssd_fwd`` call is a no-op; an empty backward's dA,
-dD and ddt_bias would be zero, and no launch writes only those). The gradients:
+rules, but that nheads must be at least 1 (an empty ``ssd_fwd`` call is a no-op; with no heads, dB and dC would be
+zero, and no launch writes only those). A batch of 0 launches step 4 alone, which writes dA, dD and ddt_bias as sums
+over no tokens: zero. The gradients:
 
 =================  ==========================  ======  =============================================================
 argument           shape                       dtype   notes
@@ -289,9 +290,9 @@ class SsdBackwardPlan(CompositePlan):
         InvalidArgumentError subclasses."""
         expect_given(x=x, dt=dt, A=A, B=B, C=C, dout=dout, dx=dx, ddt=ddt, dA=dA, dB=dB, dC=dC, workspace=workspace)
         batch, seqlen, nheads, headdim = ssd_shape(x, B)
-        if batch == 0 or nheads == 0:
-            raise ShapeError("x", f"x: shape {x.shape}: ssd_bwd needs batch >= 1 and nheads >= 1 (of an empty call's "
-                             "gradients only dA, dD and ddt_bias hold values: zero, sums over no tokens)")
+        if nheads == 0:
+            raise ShapeError("x", f"x: shape {x.shape}: ssd_bwd needs nheads >= 1 (with no heads, dB and dC would be "
+                             "zero, and no launch writes only those)")
         ngroups = B.shape[2]
         d_state = B.shape[3]
         io = x.dtype
@@ -312,7 +313,6 @@ class SsdBackwardPlan(CompositePlan):
             dt_softplus=dt_softplus, dt_limit=dt_limit, initial_states=initial_states,
             initial_state_indices=initial_state_indices, seq_idx=seq_idx, cu_seqlens=cu_seqlens)
         fp = forward.params
-        G = nheads // fp["heads_per_group"]
         nblocks = -(-seqlen // BLOCK)
 
         # the gradients' shapes follow their inputs'
@@ -421,16 +421,16 @@ class SsdBackwardPlan(CompositePlan):
         chunk_call = BoundCall(
             constants={"headdim": headdim, "d_state": d_state, "io_dtype": io,
                        "state_dtype": forward.constants["state_dtype"]},
-            grid=(nblocks, G * ws.head_splits, batch * parts), params=cp,
+            grid=(nblocks, ngroups * ws.head_splits, batch * parts), params=cp,
             inputs=tuple(forward.inputs) + tuple(a for a in (z, dout, states, dstates, dfinal_states)
                                                  if a is not None),
             outputs=tuple(a for a in (chunk_dx, chunk_ddt, dB, dC, chunk_dz, partials, group_grads) if a is not None))
 
         # 4. the sums over tokens, over head splits and over parts of N
-        group_sum_ctas = -(-batch * seqlen * G * d_state // GROUP_SUM_ELEMENTS) if group_grads is not None else 0
+        group_sum_ctas = -(-batch * seqlen * ngroups * d_state // GROUP_SUM_ELEMENTS) if group_grads is not None else 0
         share_sum_ctas = -(-batch * seqlen * nheads * headdim // SHARE_SUM_ELEMENTS) if parts > 1 else 0
         rp = {"partials": partials.ptr, "dA": dA.ptr, "batch": batch, "seqlen": seqlen, "nblocks": nblocks,
-              "nheads": nheads, "ngroups": G, "d_state": d_state, "group_sum_ctas": group_sum_ctas,
+              "nheads": nheads, "ngroups": ngroups, "d_state": d_state, "group_sum_ctas": group_sum_ctas,
               "d_state_splits": parts, "share_sum_ctas": share_sum_ctas, "has_z": int(z is not None),
               "dB": dB.ptr, "dC": dC.ptr, **splits,
               "dD": dD.ptr if dD is not None else 0, "has_dD": int(dD is not None),
