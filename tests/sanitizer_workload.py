@@ -137,12 +137,12 @@ for mode, extra in (("update", {}), ("snapshot", {"snapshot_indices": snapshots}
 
 # ssd_bwd: a partial last block, every option (the states-only recompute), then without z, then packed sequences
 # starting inside blocks (both forms: the whole forward recomputed), then P128 (the chunk kernel's heads in slices) and
-# N256 (its columns of N in two parts, whose shares ssd_bwd_reduce adds)
-def backward(L, G_, packing=None, num_seqs=1, gated=True, P=P, N=N):
-    f = dict(x=torch.randn(1, L, H, P, device=dev).bfloat16(), dt=torch.randn(1, L, H, device=dev).bfloat16(),
-             A=-torch.rand(H, device=dev), B=torch.randn(1, L, G_, N, device=dev).bfloat16(),
-             C=torch.randn(1, L, G_, N, device=dev).bfloat16(), D=torch.randn(H, device=dev),
-             z=torch.randn(1, L, H, P, device=dev).bfloat16(), dt_bias=torch.randn(H, device=dev), dt_softplus=True,
+# N256 (its columns of N in two parts, whose shares ssd_bwd_reduce adds), and an empty batch (ssd_bwd_reduce alone)
+def backward(L, G_, packing=None, num_seqs=1, gated=True, P=P, N=N, batch=1):
+    f = dict(x=torch.randn(batch, L, H, P, device=dev).bfloat16(), dt=torch.randn(batch, L, H, device=dev).bfloat16(),
+             A=-torch.rand(H, device=dev), B=torch.randn(batch, L, G_, N, device=dev).bfloat16(),
+             C=torch.randn(batch, L, G_, N, device=dev).bfloat16(), D=torch.randn(H, device=dev),
+             z=torch.randn(batch, L, H, P, device=dev).bfloat16(), dt_bias=torch.randn(H, device=dev), dt_softplus=True,
              initial_states=torch.randn(num_seqs, H, P, N, device=dev), **(packing or {}))
     grads = dict(dx=torch.empty_like(f["x"]), ddt=torch.empty_like(f["dt"]), dA=torch.empty(H, device=dev),
                  dB=torch.empty_like(f["B"]), dC=torch.empty_like(f["C"]), dD=torch.empty(H, device=dev),
@@ -165,6 +165,7 @@ backward(150, G, {"cu_seqlens": cu}, num_seqs=4, P=128)
 backward(150, G, {"cu_seqlens": cu}, num_seqs=4, N=256)
 ssd_bwd.TARGET_CTAS = 1  # (N 256 without head splits too: dB and dC written by the chunk pass itself)
 backward(150, G, N=256)
+backward(150, G, num_seqs=0, batch=0)
 
 torch.cuda.synchronize()
 assert int(tickets.abs().sum()) == 0 and int(fused_tickets.abs().sum()) == 0
