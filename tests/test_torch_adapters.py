@@ -113,6 +113,17 @@ def test_decode_takes_model_dtypes_and_int64_indices(launches):
     assert kw["state_indices"].dtype == torch.int32
 
 
+def test_int64_indices_saturate_rather_than_wrap_into_range(launches):
+    """Slot 2^32 + 1 is past any pool (a padding row), not slot 1; -2^32 is padding, not slot 0."""
+    H, P, N = 4, 64, 16
+    x = torch.zeros(2, H, P, dtype=torch.bfloat16)
+    adapters.selective_state_update(torch.zeros(3, H, P, N), x, torch.zeros(2, H, dtype=torch.bfloat16), -torch.ones(H),
+                                    torch.zeros(2, N, dtype=torch.bfloat16), torch.zeros(2, N, dtype=torch.bfloat16),
+                                    state_batch_indices=torch.tensor([2**32 + 1, -2**32]))
+    (_, kw), = launches.calls
+    assert kw["state_indices"].dtype == torch.int32 and kw["state_indices"].tolist() == [2**31 - 1, -2**31]
+
+
 def test_causal_conv1d_fn_hands_the_kernel_channel_last_views(launches):
     """causal_conv1d's (batch, dim, L) arrays reach conv1d_fwd as (batch, L, dim) views of the same memory."""
     xBC = torch.zeros(2, 9, 16, dtype=torch.bfloat16)          # Mamba-2's layout: channels contiguous
