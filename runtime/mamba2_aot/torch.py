@@ -335,8 +335,8 @@ def _int32_indices(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """Index tensors as the kernels read them: other integer dtypes (int64 is torch's default) converted to int32.
     int64 saturates rather than wraps, so a value beyond int32 keeps its meaning: a slot past the pool's end (a
     padding row, counted in ``rejected``) or a negative one (a padding row), a cu_seqlens entry past L (clamped to L
-    by the kernels), never an index wrapped into range. Floating-point and bool ones are left for the runtime to refuse, rather than
-    rounded."""
+    by the kernels), never an index wrapped into range. Floating-point and bool ones are left for the runtime to
+    refuse, rather than rounded."""
     if t is None or t.dtype in (torch.int32, torch.bool) or t.dtype.is_floating_point or t.dtype.is_complex:
         return t
     if t.dtype == torch.int64:
