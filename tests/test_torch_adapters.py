@@ -113,15 +113,28 @@ def test_decode_takes_model_dtypes_and_int64_indices(launches):
     assert kw["state_indices"].dtype == torch.int32
 
 
-def test_int64_indices_saturate_rather_than_wrap_into_range(launches):
-    """Slot 2^32 + 1 is past any pool (a padding row), not slot 1; -2^32 is padding, not slot 0."""
+def test_int64_slots_and_offsets_saturate_and_seq_idx_labels_stay_apart(launches):
+    """Slot 2^32 + 1 is past any pool (a padding row), not slot 1; -2^32 is padding, not slot 0; a cu_seqlens entry
+    2^33 stays past L. seq_idx labels 3e9 and 3e9 + 1 stay two sequences (clamping would merge them)."""
     H, P, N = 4, 64, 16
-    x = torch.zeros(2, H, P, dtype=torch.bfloat16)
-    adapters.selective_state_update(torch.zeros(3, H, P, N), x, torch.zeros(2, H, dtype=torch.bfloat16), -torch.ones(H),
+    big = torch.tensor([2**32 + 1, -2**32])
+    saturated = [2**31 - 1, -2**31]
+    adapters.selective_state_update(torch.zeros(3, H, P, N), torch.zeros(2, H, P, dtype=torch.bfloat16),
+                                    torch.zeros(2, H, dtype=torch.bfloat16), -torch.ones(H),
                                     torch.zeros(2, N, dtype=torch.bfloat16), torch.zeros(2, N, dtype=torch.bfloat16),
-                                    state_batch_indices=torch.tensor([2**32 + 1, -2**32]))
-    (_, kw), = launches.calls
-    assert kw["state_indices"].dtype == torch.int32 and kw["state_indices"].tolist() == [2**31 - 1, -2**31]
+                                    state_batch_indices=big)
+    adapters.causal_conv1d_update(torch.zeros(2, 16), torch.zeros(3, 16, 3), torch.ones(16, 4),
+                                  conv_state_indices=big)
+    adapters.mamba_chunk_scan_combined(**_forward(cu_seqlens=torch.tensor([0, 3, 2**33])), return_varlen_states=True)
+    labels = torch.tensor([[3 * 10**9] * 3 + [3 * 10**9 + 1] * 5])
+    adapters.mamba_chunk_scan_combined(**_forward(seq_idx=labels))
+    adapters.causal_conv1d_fn(torch.zeros(1, 16, 8), torch.ones(16, 4), seq_idx=labels)
+    (_, ssm), (_, conv), (_, by_cu), (_, scan), (_, conv_fn) = launches.calls
+    assert ssm["state_indices"].tolist() == conv["state_indices"].tolist() == saturated
+    assert by_cu["cu_seqlens"].tolist() == [0, 3, 2**31 - 1]
+    for kw in (scan, conv_fn):
+        changes = (kw["seq_idx"][0, 1:] != kw["seq_idx"][0, :-1]).tolist()
+        assert kw["seq_idx"].dtype == torch.int32 and changes == [False, False, True] + [False] * 4
 
 
 def test_causal_conv1d_fn_hands_the_kernel_channel_last_views(launches):

@@ -195,7 +195,7 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     # type under torch.compile(fullgraph=True) (one raised while tracing becomes the compiler's Unsupported).
     chunk_size = expect_int("chunk_size", chunk_size, minimum=-2**63, maximum=2**63 - 1)
     lo, hi = _pair_of_floats("dt_limit", dt_limit)
-    seq_idx, cu_seqlens = _int32_indices(seq_idx), _int32_indices(cu_seqlens)
+    seq_idx, cu_seqlens = _int32_indices(seq_idx, saturate=False), _int32_indices(cu_seqlens, saturate=True)
     packed_by_cu = cu_seqlens is not None and (return_varlen_states or (seq_idx is not None and x.shape[0] == 1))
     cu_seqlens = cu_seqlens if packed_by_cu else None
     initial_state_indices = None
@@ -288,7 +288,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         D = D[:, 0]
     out = _state_update(state, x[:, None], dt[:, None], A.float(), B[:, None], C[:, None], _fp32(D),
                         None if z is None else z[:, None], _fp32(dt_bias), bool(dt_softplus),
-                        _int32_indices(state_batch_indices))[:, 0]
+                        _int32_indices(state_batch_indices, saturate=True))[:, 0]
     return out if has_heads else out[:, 0]
 
 
@@ -331,15 +331,16 @@ def _raise_in_caller_terms(exc: InvalidArgumentError, names: dict[str, str]) -> 
 _INT32 = torch.iinfo(torch.int32)
 
 
-def _int32_indices(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+def _int32_indices(t: Optional[torch.Tensor], *, saturate: bool) -> Optional[torch.Tensor]:
     """Index tensors as the kernels read them: other integer dtypes (int64 is torch's default) converted to int32.
-    int64 saturates rather than wraps, so a value beyond int32 keeps its meaning: a slot past the pool's end (a
-    padding row, counted in ``rejected``) or a negative one (a padding row), a cu_seqlens entry past L (clamped to L
-    by the kernels), never an index wrapped into range. Floating-point and bool ones are left for the runtime to
-    refuse, rather than rounded."""
+    ``saturate`` for slots and offsets (state / conv state indices, cu_seqlens): int64 beyond int32 clamps, so it stays
+    out of range (a slot past the pool's end or a negative one: a padding row; a cu_seqlens entry past L, which the
+    kernels clamp to L) and is never wrapped onto a valid one. Not for seq_idx, labels the kernels only compare with
+    their neighbours: clamping would merge two large ones, and the cast keeps neighbours apart unless they differ by
+    a multiple of 2^32. Floating-point and bool ones are left for the runtime to refuse, rather than rounded."""
     if t is None or t.dtype in (torch.int32, torch.bool) or t.dtype.is_floating_point or t.dtype.is_complex:
         return t
-    if t.dtype == torch.int64:
+    if saturate and t.dtype == torch.int64:
         t = t.clamp(_INT32.min, _INT32.max)
     return t.to(torch.int32)
 
@@ -467,8 +468,8 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, re
     _expect_rank("x", x, {3: "(batch, dim, L)"})
     _expect_rank("weight", weight, {2: "(dim, width)"})
     initial_states = None if initial_states is None else initial_states.to(x.dtype)   # one state dtype: x's
-    out, finals = _conv1d_fwd(x, weight.float(), _fp32(bias), _int32_indices(seq_idx), initial_states, silu,
-                              bool(return_final_states), final_states_out)
+    out, finals = _conv1d_fwd(x, weight.float(), _fp32(bias), _int32_indices(seq_idx, saturate=False), initial_states,
+                              silu, bool(return_final_states), final_states_out)
     if not return_final_states:
         return out
     return out, finals if final_states_out is None else final_states_out
@@ -504,7 +505,8 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cach
         conv_state = conv_state[..., -held:]
     single = x.dim() == 2
     rows = x[..., None] if single else x
-    out = _conv1d_update(rows, conv_state, weight.float(), _fp32(bias), silu, _int32_indices(conv_state_indices))
+    out = _conv1d_update(rows, conv_state, weight.float(), _fp32(bias), silu,
+                         _int32_indices(conv_state_indices, saturate=True))
     return out[..., 0] if single else out
 
 
