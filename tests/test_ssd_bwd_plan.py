@@ -263,15 +263,19 @@ def test_bad_input_is_refused_before_anything_launches(no_driver, over, error, a
     expect_refused("ssd_bwd", bwd_args(**over), error, argument, fragment)
 
 
-def test_an_empty_batch_launches_only_the_sums_which_write_zero_da_dd_ddt_bias(stub_launches):
+@pytest.mark.parametrize("N", [128, 256])   # (256: d_state in two parts, whose shares ssd_bwd_reduce adds)
+@pytest.mark.parametrize("D_shape", [(H,), (H, P)])
+def test_an_empty_batch_launches_only_the_sums_which_write_zero_da_dd_ddt_bias(stub_launches, N, D_shape):
     from mamba2_aot import dispatch
     _, log = stub_launches
-    bound = steps(**bwd_args(batch=0))
-    assert [call.grid for _, call in bound if 0 not in call.grid] == [(H, 1, 1)]
+    args = lambda: bwd_args(batch=0, N=N, D=fake_array(0x7000_0000, D_shape, "fp32"),  # noqa: E731
+                            dD=fake_array(0x7100_0000, D_shape, "fp32"))
+    bound = steps(**args())
+    assert [call.grid for _, call in bound if 0 not in call.grid] == [(H, 1, 1)]   # no group or share sums
     family, reduce = bound[-1]
     assert family == "ssd_bwd_reduce" and reduce.params["batch"] == 0   # the head sums loop over no rows: zero
     assert {a.name for a in reduce.outputs} >= {"dA", "dD", "ddt_bias"}
-    dispatch.launch("ssd_bwd", stream=0, **bwd_args(batch=0))
+    dispatch.launch("ssd_bwd", stream=0, **args())
     assert log == ["ssd_bwd_reduce"]
 
 
