@@ -6,6 +6,7 @@
   :func:`mark_unvalidated` turns some of its variants into unvalidated builds.
 * :class:`FakeDriver`: stands in for :class:`mamba2_aot.driver.CudaDriver` and records every call.
 * fixtures ``no_driver`` (opening the driver fails the test) and ``fake_runtime`` (fake cubins + FakeDriver).
+* :func:`corrupt_one_argument`: one array of a valid call made wrong, for property tests of the refusals.
 """
 from __future__ import annotations
 
@@ -64,6 +65,51 @@ def fake_array(ptr, shape, dtype="fp32", strides=None):
     strides = contiguous(shape) if strides is None else strides
     return FakeCAI(ptr, shape, typestr, tuple(s * itemsize for s in strides))
 
+
+
+def _cai(arr) -> dict:
+    return arr.__cuda_array_interface__
+
+
+def corrupt_one_argument(data, args: dict, outputs, *, dtypes=None, free_dims=None, least_elements=None,
+                         in_place=()) -> tuple[str, str]:
+    """Make one array argument of a valid call of FakeCAI arrays wrong, drawn with hypothesis' ``data``; returns
+    (argument, kind). Kinds: ``dtype`` (another of fp16, fp32, int32, int64 that it does not take: ``dtypes`` maps an
+    argument to the typestrs it also takes), ``dim`` (a dim off by one, but not one of ``free_dims[argument]``),
+    ``readonly`` (an output), ``misaligned`` (a byte off) and ``alias`` (an output at another argument's address) for
+    non-empty arrays (an empty one is never dereferenced), ``short`` (an argument of ``least_elements``, 1-D, one
+    element short of that). ``in_place``: pairs of arguments that may share memory."""
+    from hypothesis import strategies as st
+    dtypes, free_dims, least_elements = dtypes or {}, free_dims or {}, least_elements or {}
+    arrays = sorted(k for k, v in args.items() if hasattr(v, "__cuda_array_interface__"))
+    nonempty = [k for k in arrays if 0 not in _cai(args[k])["shape"]]
+    name = data.draw(st.sampled_from(arrays), label="argument")
+    ptr, readonly = _cai(args[name])["data"]
+    shape, typestr = list(_cai(args[name])["shape"]), _cai(args[name])["typestr"]
+    fixed_dims = [d for d in range(len(shape)) if d not in free_dims.get(name, ())]
+    kinds = ["dtype"] + (["dim"] if fixed_dims else []) + (["readonly"] if name in outputs else [])
+    if name in nonempty:
+        kinds += ["misaligned"] + (["alias"] if name in outputs else [])
+    if least_elements.get(name):
+        kinds.append("short")
+    kind = data.draw(st.sampled_from(kinds), label="kind")
+    if kind == "dtype":
+        typestr = data.draw(st.sampled_from(sorted({"<f2", "<f4", "<i4", "<i8"} - {typestr, *dtypes.get(name, ())})))
+    elif kind == "dim":
+        dim = data.draw(st.sampled_from(fixed_dims), label="dim")
+        shape[dim] += data.draw(st.sampled_from([-1, 1] if shape[dim] else [1]))
+    elif kind == "readonly":
+        readonly = True
+    elif kind == "misaligned":
+        ptr += 1
+    elif kind == "alias":
+        others = [k for k in nonempty if k != name and {k, name} not in [set(pair) for pair in in_place]]
+        ptr = _cai(args[data.draw(st.sampled_from(others), label="aliased")])["data"][0]
+    elif kind == "short":
+        shape = [least_elements[name] - 1]
+    itemsize = int(typestr[2:])
+    args[name] = FakeCAI(ptr, shape, typestr, tuple(s * itemsize for s in contiguous(shape)), readonly=readonly)
+    return name, kind
 
 # -- DLPack ----------------------------------------------------------------------------------------------
 _PyCapsule_New = ctypes.pythonapi.PyCapsule_New

@@ -1,6 +1,5 @@
 """The ssd_bwd plan on the CPU: a valid call binds its launches (every kernel parameter, grids, variants, the
 workspace regions); each bad input is refused with a typed error naming the argument, before anything launches."""
-import math
 import types
 
 import pytest
@@ -11,7 +10,7 @@ from mamba2_aot import errors
 from mamba2_aot.dispatch import launch as dispatch_launch
 from mamba2_aot.plans import PLANS
 from mamba2_aot.tensors import as_device_array
-from runtime_fakes import FakeCAI, contiguous, expect_refused, fake_array, no_driver  # noqa: F401  (fixture)
+from runtime_fakes import corrupt_one_argument, expect_refused, fake_array, no_driver  # noqa: F401  (fixture)
 
 MB = 1 << 20
 BATCH, L, H, P, N, G = 2, 300, 8, 64, 128, 2
@@ -385,30 +384,6 @@ OPTIONAL_PAIRS = (("z", "dz"), ("D", "dD"), ("dt_bias", "ddt_bias"), ("initial_s
 OUTPUTS = ("dx", "ddt", "dA", "dB", "dC", "dD", "dz", "ddt_bias", "dinitial_states", "workspace")
 
 
-def _interface(arr) -> dict:
-    return arr.__cuda_array_interface__
-
-
-def _corrupted(name: str, arr, kind: str, data):
-    """Argument ``name``, ``arr`` (a FakeCAI), with one thing wrong: its dtype, one dim off by one, read-only, or its pointer off by a
-    byte; ``data.draw`` picks which dim."""
-    cai = _interface(arr)
-    ptr, readonly = cai["data"]
-    shape, typestr = list(cai["shape"]), cai["typestr"]
-    if kind == "dtype":  # (initial states may be in fp32, bf16 or fp16, a pool's dtypes; int32 is nothing's)
-        valid = {"<f4", "<f2"} if name == "initial_states" else {typestr}
-        typestr = data.draw(st.sampled_from(sorted({"<f2", "<f4", "<i4"} - valid)))
-    elif kind == "dim":
-        dim = data.draw(st.integers(0, len(shape) - 1))
-        shape[dim] += data.draw(st.sampled_from([-1, 1] if shape[dim] else [1]))
-    elif kind == "readonly":
-        readonly = True
-    elif kind == "misaligned":
-        ptr += 1
-    itemsize = int(typestr[2:])
-    return FakeCAI(ptr, shape, typestr, tuple(s * itemsize for s in contiguous(shape)), readonly=readonly)
-
-
 @given(st.data())
 @settings(max_examples=300, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -421,22 +396,10 @@ def test_any_one_corrupted_argument_is_refused_before_anything_launches(no_drive
         if data.draw(st.booleans(), label=f"drop {names}"):
             for name in names:
                 del args[name]
-    arrays = sorted(k for k, v in args.items() if hasattr(v, "__cuda_array_interface__"))
-    name = data.draw(st.sampled_from(arrays), label="argument")
-    kinds = ["dtype", "dim"] + (["readonly"] if name in OUTPUTS else [])
-    if math.prod(_interface(args[name])["shape"]):  # (an empty array is never dereferenced: any pointer will do)
-        kinds += ["misaligned"] + (["alias"] if name in OUTPUTS else [])
-    if name == "workspace":  # (a larger workspace is fine: the dim can only shrink, and it is 1-D fp32 only)
-        kinds = [k for k in kinds if k != "dim"] + (["short"] if batch else [])
-    kind = data.draw(st.sampled_from(kinds), label="kind")
-    if kind == "alias":
-        other = data.draw(st.sampled_from([k for k in arrays if k != name and math.prod(_interface(args[k])["shape"])]))
-        cai = _interface(args[name])
-        args[name] = FakeCAI(_interface(args[other])["data"][0], cai["shape"], cai["typestr"], cai["strides"])
-    elif kind == "short":
-        args[name] = fake_array(_interface(args[name])["data"][0], (workspace_elements(batch=batch) - 1,), "fp32")
-    else:
-        args[name] = _corrupted(name, args[name], kind, data)
+    # (initial states may be in fp32, bf16 or fp16, a pool's dtypes; a workspace may be larger than it needs)
+    name, kind = corrupt_one_argument(data, args, OUTPUTS, dtypes={"initial_states": {"<f2"}},
+                                      free_dims={"workspace": {0}},
+                                      least_elements={"workspace": workspace_elements(batch=batch)})
     with pytest.raises(errors.InvalidArgumentError) as info:
         dispatch_launch("ssd_bwd", stream=0, **args)
     assert info.value.argument in args

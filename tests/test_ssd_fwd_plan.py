@@ -3,14 +3,14 @@ variant; each bad input is refused with a typed error naming the argument, befor
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mamba2_aot import errors, runtime
 from mamba2_aot.plans import PLANS
 from mamba2_aot.tensors import as_device_array
-from runtime_fakes import (FakeCAI, contiguous, expect_refused, fake_array, fake_runtime,  # noqa: F401  (fixtures)
-                           no_driver)
+from runtime_fakes import (FakeCAI, contiguous, corrupt_one_argument, expect_refused, fake_array,  # noqa: F401
+                           fake_runtime, no_driver)  # (fixtures)
 
 MB = 1 << 20
 BATCH, L, H, P, N, G = 2, 300, 8, 64, 128, 2
@@ -585,3 +585,32 @@ def test_strided_views_bind_exactly_or_name_the_misaligned_operand(case):
         with pytest.raises(errors.AlignmentError) as info:
             bind(**arrays, chunk_size=64)
         assert info.value.argument == misaligned
+
+
+@given(st.data())
+@settings(max_examples=300, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_one_corrupted_argument_is_refused_before_anything_launches(no_driver, data):
+    """A valid call (options drawn) with one array made wrong: a typed refusal naming one of the call's arguments
+    (the one made wrong, where nothing else can be), and the driver never opened."""
+    args = ssd_args(chunk_size=data.draw(st.sampled_from([64, 128, 256]), label="chunk_size"))
+    args["chunk_states"] = fake_array(_cai_ptr(args["chunk_states"]), (BATCH, -(-L // args["chunk_size"]), H, P, N))
+    for name in ("z", "D", "dt_bias", "initial_states", "final_states", "chunk_states"):
+        if data.draw(st.booleans(), label=f"drop {name}"):
+            del args[name]
+    if data.draw(st.booleans(), label="one pool") and {"initial_states", "final_states"} <= set(args):
+        args["final_states"] = args["initial_states"]   # (a pool read and written in place: allowed)
+    # initial and final states share the state dtype: fp32, or a pool's bf16 / fp16; one given alone may take fp16
+    lone_state = {"initial_states", "final_states"} - set(args)
+    dtypes = {name: {"<f2"} for name in ("initial_states", "final_states") if lone_state and name in args}
+    name, kind = corrupt_one_argument(data, args, ("out", "final_states", "chunk_states"), dtypes=dtypes,
+                                      in_place=[("initial_states", "final_states")])
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        runtime.launch("ssd_fwd", stream=0, **args)
+    assert info.value.argument in args
+    if kind in ("readonly", "misaligned"):
+        assert info.value.argument == name
+
+
+def _cai_ptr(arr) -> int:
+    return arr.__cuda_array_interface__["data"][0]
