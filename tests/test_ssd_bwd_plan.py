@@ -10,7 +10,8 @@ from mamba2_aot import errors
 from mamba2_aot.dispatch import launch as dispatch_launch
 from mamba2_aot.plans import PLANS
 from mamba2_aot.tensors import as_device_array
-from runtime_fakes import corrupt_one_argument, expect_refused, fake_array, no_driver  # noqa: F401  (fixture)
+from runtime_fakes import (corrupt_one_argument, expect_refused, expect_valid_call, fake_array,  # noqa: F401
+                           no_driver)  # (fixture)
 
 MB = 1 << 20
 BATCH, L, H, P, N, G = 2, 300, 8, 64, 128, 2
@@ -396,6 +397,7 @@ def test_any_one_corrupted_argument_is_refused_before_anything_launches(no_drive
         if data.draw(st.booleans(), label=f"drop {names}"):
             for name in names:
                 del args[name]
+    expect_valid_call("ssd_bwd", args)
     # (initial states may be in fp32, bf16 or fp16, a pool's dtypes; a workspace may be larger than it needs)
     name, kind = corrupt_one_argument(data, args, OUTPUTS, dtypes={"initial_states": {"<f2"}},
                                       free_dims={"workspace": {0}},

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from mamba2_aot import errors, runtime
 from mamba2_aot.plans import PLANS
 from mamba2_aot.tensors import as_device_array
-from runtime_fakes import (FakeCAI, contiguous, corrupt_one_argument, expect_refused, fake_array,  # noqa: F401
-                           fake_runtime, no_driver)  # (fixtures)
+from runtime_fakes import (FakeCAI, contiguous, corrupt_one_argument, expect_refused,  # noqa: F401  (fixtures)
+                           expect_valid_call, fake_array, fake_runtime, no_driver)
 
 MB = 1 << 20
 BATCH, L, H, P, N, G = 2, 300, 8, 64, 128, 2
@@ -600,6 +600,7 @@ def test_any_one_corrupted_argument_is_refused_before_anything_launches(no_drive
             del args[name]
     if data.draw(st.booleans(), label="one pool") and {"initial_states", "final_states"} <= set(args):
         args["final_states"] = args["initial_states"]   # (a pool read and written in place: allowed)
+    expect_valid_call("ssd_fwd", args)
     # initial and final states share the state dtype: fp32, or a pool's bf16 / fp16; one given alone may take fp16
     lone_state = {"initial_states", "final_states"} - set(args)
     dtypes = {name: {"<f2"} for name in ("initial_states", "final_states") if lone_state and name in args}

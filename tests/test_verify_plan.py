@@ -1,11 +1,14 @@
 """The verify launch plan on the CPU: a valid call binds every kernel parameter; each bad input is refused
 with a typed error naming the argument, before the driver is touched."""
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mamba2_aot import errors, runtime
 from mamba2_aot.plans import PLANS, CompositePlan
 from mamba2_aot.tensors import as_device_array
-from runtime_fakes import expect_refused, fake_array, no_driver  # noqa: F401  (fixture)
+from runtime_fakes import (corrupt_one_argument, expect_refused, expect_valid_call, fake_array,  # noqa: F401
+                           no_driver)  # (fixture)
 
 MB = 1 << 20
 
@@ -13,8 +16,8 @@ BATCH, T, H, P, N, G, SLOTS, CAP = 3, 4, 8, 64, 128, 2, 16, 8
 
 
 def verify_args(mode="update", **over):
-    """Valid fake arguments (fp16 activations, fp32 pool), each array in its own megabyte."""
-    base = iter(range(0x10000000, 0x40000000, MB))
+    """Valid fake arguments (fp16 activations, fp32 pool), each array 8 MiB apart (the pool takes 4)."""
+    base = iter(range(0x10000000, 0x40000000, 8 * MB))
     arr = lambda shape, dtype="fp16", strides=None: fake_array(next(base), shape, dtype, strides)  # noqa: E731
     args = dict(mode=mode, state=arr((SLOTS, H, P, N), "fp32"), x=arr((BATCH, T, H, P)), dt=arr((BATCH, T, H)),
                 A=arr((H,), "fp32"), B=arr((BATCH, T, G, N)), C=arr((BATCH, T, G, N)), out=arr((BATCH, T, H, P)),
@@ -172,3 +175,27 @@ def test_plans_name_the_kernels_parameters_in_order():
         from_workspace = {"segment_flags"} if family == "ssd_fwd" else set()
         pointers = {p.name for p in kernel.params() if p.kind == "ptr"}
         assert pointers - from_workspace == set(PLANS[family].arrays) - {"workspace"}, family
+
+
+@given(st.data())
+@settings(max_examples=300, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_one_corrupted_argument_is_refused_before_anything_launches(no_driver, data):
+    """A valid call (mode and options drawn) with one array made wrong: a typed refusal naming one of the call's
+    arguments (the one made wrong, where nothing else can be), and the driver never opened."""
+    mode = data.draw(st.sampled_from(["update", "snapshot", "compact"]), label="mode")
+    args = verify_args(mode, D=fake_array(0x5000_0000, data.draw(st.sampled_from([(H,), (H, P)]), label="D"), "fp32"))
+    for name in ("D", "z", "dt_bias", "rejected"):
+        if data.draw(st.booleans(), label=f"drop {name}"):
+            del args[name]
+    expect_valid_call("verify", args)
+    written = {"update": ("out", "state", "rejected"), "snapshot": ("out", "state", "rejected"),
+               "compact": ("out", "state", "rejected", "window_count", "window_x", "window_B", "window_dt")}[mode]
+    # (a pool may be fp32, bf16 or fp16; without window records, it may have any number of slots)
+    name, kind = corrupt_one_argument(data, args, written, dtypes={"state": {"<f2"}},
+                                      free_dims={"state": {0}} if mode != "compact" else {})
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        runtime.launch("verify", stream=0, **args)
+    assert info.value.argument in args
+    if kind in ("readonly", "misaligned"):
+        assert info.value.argument == name
