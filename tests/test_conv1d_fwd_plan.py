@@ -2,11 +2,14 @@
 variant (one CTA per 128 channels, 64 tokens and row; the pool dtype is the state arrays' dtype, else the I/O
 dtype); each bad input is refused with a typed error naming the argument, before the driver is touched."""
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mamba2_aot import errors, runtime
 from mamba2_aot.plans import PLANS
 from mamba2_aot.tensors import as_device_array
-from runtime_fakes import expect_refused, fake_array, no_driver  # noqa: F401  (fixture)
+from runtime_fakes import (corrupt_one_argument, expect_refused, expect_valid_call, fake_array,  # noqa: F401
+                           no_driver)  # (fixture)
 from test_conv1d_verify_plan import bf16_array
 
 MB = 1 << 20
@@ -353,3 +356,33 @@ def test_unknown_keyword_names_it(no_driver):  # noqa: F811
     with pytest.raises(errors.InvalidArgumentError, match="^conv_state: not an argument of conv1d_fwd") as info:
         runtime.launch("conv1d_fwd", stream=0, **args)
     assert info.value.argument == "conv_state"
+
+
+@given(st.data())
+@settings(max_examples=300, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_one_corrupted_argument_is_refused_before_anything_launches(no_driver, data):
+    """A valid call (per-row states or packed sequences with pools, options drawn) with one array made wrong: a typed
+    refusal naming one of the call's arguments (the one made wrong, where nothing else can be), and the driver never
+    opened."""
+    packed = data.draw(st.booleans(), label="packed")
+    args = packed_args() if packed else fwd_args()
+    for names in (("conv_bias",), ("initial_states", "initial_state_indices"), ("final_states", "final_state_indices")):
+        if data.draw(st.booleans(), label=f"drop {names}"):
+            for name in names:
+                args.pop(name, None)
+    expect_valid_call("conv1d_fwd", args)
+    # (states may be fp32 or in the I/O dtype, one dtype for both; a pool may have any number of slots; without
+    # states, cu_seqlens may hold any number of sequences and the conv be of any width)
+    lone_state = {"initial_states", "final_states"} - set(args)
+    dtypes = {name: {"<f2", "<f4"} for name in ("initial_states", "final_states") if lone_state and name in args}
+    free_dims = {"initial_states": {0}, "final_states": {0}} if packed else {}
+    if not {"initial_states", "final_states"} & set(args):
+        free_dims.update(conv_weight={1}, cu_seqlens={0})
+    name, kind = corrupt_one_argument(data, args, ("out", "final_states"), dtypes=dtypes, free_dims=free_dims,
+                                      in_place=[("initial_states", "final_states")])
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        runtime.launch("conv1d_fwd", stream=0, **args)
+    assert info.value.argument in args
+    if kind in ("readonly", "misaligned"):
+        assert info.value.argument == name

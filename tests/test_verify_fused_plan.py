@@ -4,19 +4,22 @@
 ``conv_dtype`` = the conv pool's dtype ("none" for an unfused call); each bad combination is refused with a
 typed error naming the argument, before the driver is touched."""
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mamba2_aot import errors
 from mamba2_aot.plans import PLANS
 from mamba2_aot.tensors import as_device_array
 from mamba2_aot.validation import check_call
-from runtime_fakes import FakeDLPack, expect_refused, fake_array, no_driver  # noqa: F401  (fixture)
+from runtime_fakes import (FakeDLPack, corrupt_one_argument, expect_refused, expect_valid_call,  # noqa: F401
+                           fake_array, no_driver)  # (fixture)
 from test_verify_plan import BATCH, CAP, G, H, MB, N, P, SLOTS, T, verify_args
 
 TICKETS = (SLOTS, G + 1)   # the fused call's arrival counters: one per (slot, group), then one per slot
 
 K = 4
 CH = H * P + 2 * G * N          # Mamba-2's [x | B | C] channels: 8·64 + 2·2·128 = 1024
-STATE_AT = 0x30000000           # the SSM pool (4 MiB), clear of verify_args' arrays (1 MiB apart from 0x10000000)
+STATE_AT = 0x30000000           # the SSM pool (4 MiB), clear of verify_args' arrays (8 MiB apart from 0x10000000)
 CONV_AT = 0x40000000            # the fused conv's arrays, 1 MiB apart
 IO_AT = 0x50000000              # verify_args' I/O arrays again, in another I/O dtype
 ELSEWHERE = 0x70000000          # a replacement array's address
@@ -386,3 +389,27 @@ def test_plan_limits_are_the_kernels():
     assert (fwd_plan.CHANNELS_PER_CTA, fwd_plan.TOKENS_PER_CTA) == (conv1d_fwd.CHANNELS_PER_CTA,
                                                                     conv1d_fwd.TOKENS_PER_CTA)
     assert conv_verify_plan.CHANNELS_PER_CTA == conv1d_verify.CHANNELS_PER_CTA
+
+
+@given(st.data())
+@settings(max_examples=300, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_one_corrupted_argument_is_refused_before_anything_launches(no_driver, data):
+    """A valid fused call (mode, conv pool dtype and options drawn) with one array made wrong: a typed refusal naming
+    one of the call's arguments (the one made wrong, where nothing else can be), and the driver never opened."""
+    from mamba2_aot import runtime
+    mode = data.draw(st.sampled_from(["update", "snapshot", "compact"]), label="mode")
+    args = fused_args(mode, conv_pool=data.draw(st.sampled_from(["fp16", "fp32"]), label="conv pool"))
+    for name in ("D", "z", "dt_bias", "rejected", "conv_bias"):
+        if data.draw(st.booleans(), label=f"drop {name}"):
+            del args[name]
+    expect_valid_call("verify", args)
+    written = ("out", "state", "rejected", "conv_state", "tickets") + (
+        ("window_count", "window_x", "window_B", "window_dt") + CONV_WINDOW if mode == "compact" else ())
+    # (either pool may be fp32 or in the I/O dtype)
+    name, kind = corrupt_one_argument(data, args, written, dtypes={"state": {"<f2"}, "conv_state": {"<f2", "<f4"}})
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        runtime.launch("verify", stream=0, **args)
+    assert info.value.argument in args
+    if kind in ("readonly", "misaligned"):
+        assert info.value.argument == name
