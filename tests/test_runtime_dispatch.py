@@ -10,7 +10,7 @@ import threading
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mamba2_aot import (AlignmentError, AliasingError, ArchMismatchError, CubinNotInstalledError, CudaDriverError,
@@ -21,8 +21,9 @@ from mamba2_aot.dispatch import ParamPacker
 from mamba2_aot.plans import PLANS
 from mamba2_aot.plans.ssd_chunk_cumsum import ChunkCumsumPlan
 from mamba2_aot.tensors import as_device_array
-from runtime_fakes import (CUMSUM_KINDS, FakeCAI, FakeDriver, FakeDLPack, c_layout, fake_array,  # noqa: F401
-                           fake_runtime, mark_unvalidated, no_driver, unpack_params, write_cubin_dir)
+from runtime_fakes import (CUMSUM_KINDS, FakeCAI, FakeDriver, FakeDLPack, c_layout, corrupt_one_argument,  # noqa: F401
+                           expect_valid_call, fake_array, fake_runtime, mark_unvalidated, no_driver, unpack_params,
+                           write_cubin_dir)
 
 MB = 1 << 20
 LAYOUT = c_layout(ChunkCumsumPlan.param_names, CUMSUM_KINDS)
@@ -42,6 +43,26 @@ def cumsum_args(B=2, L=300, H=4, Q=64, *, dt_dtype="fp32", bias=True, base=0x100
         args["dt_bias"] = fake_array(base + 4 * MB, (H,))
     return args
 
+
+
+@given(st.data())
+@settings(max_examples=200, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_one_corrupted_cumsum_argument_is_refused_before_anything_launches(no_driver, data):
+    """A valid ssd_chunk_cumsum call (dt dtype, bias and chunk size drawn) with one array made wrong: a typed refusal
+    naming one of its arguments (the one made wrong, where nothing else can be); the driver never opened."""
+    args = cumsum_args(Q=data.draw(st.sampled_from([64, 128, 256]), label="chunk_size"),
+                       dt_dtype=data.draw(st.sampled_from(["fp16", "fp32"]), label="dt dtype"),
+                       bias=data.draw(st.booleans(), label="dt_bias"))
+    expect_valid_call("ssd_chunk_cumsum", args)
+    # (dt may be bf16, fp16 or fp32; a token more or less along L may leave the number of chunks as it is)
+    name, kind = corrupt_one_argument(data, args, ("dt_out", "dA_cumsum"), dtypes={"dt": {"<f2", "<f4"}},
+                                      free_dims={"dt": {1}})
+    with pytest.raises(InvalidArgumentError) as info:
+        runtime.launch("ssd_chunk_cumsum", stream=0, **args)
+    assert info.value.argument in args
+    if kind in ("readonly", "misaligned"):
+        assert info.value.argument == name
 
 def test_plan_contract():
     plan = PLANS["ssd_chunk_cumsum"]
