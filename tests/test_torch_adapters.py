@@ -137,6 +137,28 @@ def test_int64_slots_and_offsets_saturate_and_seq_idx_labels_stay_apart(launches
         assert kw["seq_idx"].dtype == torch.int32 and changes == [False, False, True] + [False] * 4
 
 
+@pytest.mark.parametrize("dtype,big", [(torch.uint32, [2**31, 2**32 - 1]), (torch.uint64, [2**32 + 1, 2**63 + 5])])
+def test_unsigned_slots_and_offsets_saturate(launches, dtype, big):
+    """Unsigned slots past int32 stay past any pool (uint32's would wrap negative, uint64's onto slot 1), and a
+    cu_seqlens entry past int32 stays past L."""
+    H, P, N = 4, 64, 16
+    indices = torch.tensor(big, dtype=torch.int64).to(dtype) if dtype == torch.uint32 else _uint64(big)
+    adapters.selective_state_update(torch.zeros(3, H, P, N), torch.zeros(2, H, P, dtype=torch.bfloat16),
+                                    torch.zeros(2, H, dtype=torch.bfloat16), -torch.ones(H),
+                                    torch.zeros(2, N, dtype=torch.bfloat16), torch.zeros(2, N, dtype=torch.bfloat16),
+                                    state_batch_indices=indices)
+    cu_seqlens = torch.cat([torch.tensor([0, 3], dtype=torch.int64).to(dtype), indices[1:]])
+    adapters.mamba_chunk_scan_combined(**_forward(cu_seqlens=cu_seqlens), return_varlen_states=True)
+    (_, ssm), (_, by_cu) = launches.calls
+    assert ssm["state_indices"].tolist() == [2**31 - 1] * 2
+    assert by_cu["cu_seqlens"].tolist() == [0, 3, 2**31 - 1]
+
+
+def _uint64(values: list[int]) -> torch.Tensor:
+    """A uint64 tensor of ``values`` (up to 2^64 - 1; torch.tensor takes no Python int beyond int64's range)."""
+    return torch.tensor([v - 2**64 if v >= 2**63 else v for v in values], dtype=torch.int64).view(torch.uint64)
+
+
 def test_causal_conv1d_fn_hands_the_kernel_channel_last_views(launches):
     """causal_conv1d's (batch, dim, L) arrays reach conv1d_fwd as (batch, L, dim) views of the same memory."""
     xBC = torch.zeros(2, 9, 16, dtype=torch.bfloat16)          # Mamba-2's layout: channels contiguous

@@ -337,11 +337,16 @@ def _int32_indices(t: Optional[torch.Tensor], *, saturate: bool) -> Optional[tor
     out of range (a slot past the pool's end or a negative one: a padding row; a cu_seqlens entry past L, which the
     kernels clamp to L) and is never wrapped onto a valid one. Not for seq_idx, labels the kernels only compare with
     their neighbours: clamping would merge two large ones, and the cast keeps neighbours apart unless they differ by
-    a multiple of 2^32. Floating-point and bool ones are left for the runtime to refuse, rather than rounded."""
+    a multiple of 2^32. Unsigned ones saturate the same way (uint32's and uint64's large values would otherwise wrap
+    negative or onto a small slot). Floating-point and bool ones are left for the runtime to refuse, rather than
+    rounded."""
     if t is None or t.dtype in (torch.int32, torch.bool) or t.dtype.is_floating_point or t.dtype.is_complex:
         return t
-    if saturate and t.dtype == torch.int64:
-        t = t.clamp(_INT32.min, _INT32.max)
+    if saturate and t.dtype in (torch.int64, torch.uint32, torch.uint64):
+        wide = t.to(torch.int64)        # (torch clamps no uint32 / uint64 tensor)
+        if t.dtype == torch.uint64:     # values of 2^63 and more came out negative
+            wide = torch.where(wide < 0, _INT32.max, wide)
+        t = wide.clamp(_INT32.min, _INT32.max)
     return t.to(torch.int32)
 
 
