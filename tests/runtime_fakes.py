@@ -72,45 +72,77 @@ def _cai(arr) -> dict:
     return arr.__cuda_array_interface__
 
 
-def corrupt_one_argument(data, args: dict, outputs, *, dtypes=None, free_dims=None, least_elements=None,
-                         in_place=()) -> tuple[str, str]:
-    """Make one array argument of a valid call of FakeCAI arrays wrong, drawn with hypothesis' ``data``; returns
-    (argument, kind). Kinds: ``dtype`` (another of fp16, fp32, int32, int64 that it does not take: ``dtypes`` maps an
-    argument to the typestrs it also takes), ``dim`` (a dim off by one, but not one of ``free_dims[argument]``),
-    ``readonly`` (an output), ``misaligned`` (a byte off) and ``alias`` (an output at another argument's address) for
-    non-empty arrays (an empty one is never dereferenced), ``short`` (an argument of ``least_elements``, 1-D, one
-    element short of that). ``in_place``: pairs of arguments that may share memory."""
+def corruption_kinds(args: dict, name: str, outputs, *, free_dims=None, least_elements=None, vectors=()) -> list:
+    """The kinds of wrong :func:`corrupt_one_argument` can make of array ``name`` of the valid call ``args``:
+    ``dtype`` (a dtype it does not take), ``dim`` (a dim off by one, but not one of ``free_dims[name]``),
+    ``readonly`` (an output), and for a non-empty array (an empty one is never dereferenced) ``misaligned`` (a byte
+    off), ``unaligned`` (an element off, for ``vectors``: arrays moved 16 bytes at a time), ``alias`` (an output at
+    another argument's address); ``short`` (an argument of ``least_elements``, 1-D, one element short of that)."""
+    free_dims, least_elements = free_dims or {}, least_elements or {}
+    shape = _cai(args[name])["shape"]
+    kinds = ["dtype"] + (["dim"] if set(range(len(shape))) - set(free_dims.get(name, ())) else [])
+    kinds += ["readonly"] if name in outputs else []
+    if 0 not in shape:
+        kinds += ["misaligned"] + (["unaligned"] if name in vectors else []) + (["alias"] if name in outputs else [])
+    return kinds + (["short"] if least_elements.get(name) else [])
+
+
+def corruption_targets(calls, outputs, **exemptions) -> list:
+    """Every (argument, kind) :func:`corruption_kinds` gives for any of the valid ``calls``: what a property test
+    parametrizes over, so that no pair goes undrawn (hypothesis' draws, derandomized, skip many)."""
+    return sorted({(name, kind) for args in calls for name in args if hasattr(args[name], "__cuda_array_interface__")
+                   for kind in corruption_kinds(args, name, outputs, **exemptions)})
+
+
+def corrupt_one_argument(data, args: dict, outputs, target: tuple, *, dtypes=None, free_dims=None,
+                         least_elements=None, vectors=(), in_place=()):
+    """Make argument ``target[0]`` of a valid call of FakeCAI arrays wrong in the way ``target[1]`` names
+    (:func:`corruption_kinds`), its details drawn with hypothesis' ``data``; an example whose call cannot be made
+    wrong that way (an empty array, a dim the call leaves free) is rejected. ``dtypes`` maps an argument to the
+    typestrs it also takes; ``in_place``: pairs of arguments that may share memory. Returns the argument an
+    ``alias`` points at (else None)."""
+    from hypothesis import assume
     from hypothesis import strategies as st
-    dtypes, free_dims, least_elements = dtypes or {}, free_dims or {}, least_elements or {}
-    arrays = sorted(k for k, v in args.items() if hasattr(v, "__cuda_array_interface__"))
-    nonempty = [k for k in arrays if 0 not in _cai(args[k])["shape"]]
-    name = data.draw(st.sampled_from(arrays), label="argument")
+    name, kind = target
+    free_dims = free_dims or {}
+    assume(name in args and kind in corruption_kinds(args, name, outputs, free_dims=free_dims,
+                                                     least_elements=least_elements, vectors=vectors))
     ptr, readonly = _cai(args[name])["data"]
-    shape, typestr = list(_cai(args[name])["shape"]), _cai(args[name])["typestr"]
-    fixed_dims = [d for d in range(len(shape)) if d not in free_dims.get(name, ())]
-    kinds = ["dtype"] + (["dim"] if fixed_dims else []) + (["readonly"] if name in outputs else [])
-    if name in nonempty:
-        kinds += ["misaligned"] + (["alias"] if name in outputs else [])
-    if least_elements.get(name):
-        kinds.append("short")
-    kind = data.draw(st.sampled_from(kinds), label="kind")
+    shape, typestr, aliased = list(_cai(args[name])["shape"]), _cai(args[name])["typestr"], None
     if kind == "dtype":
-        typestr = data.draw(st.sampled_from(sorted({"<f2", "<f4", "<i4", "<i8"} - {typestr, *dtypes.get(name, ())})))
+        typestr = data.draw(st.sampled_from(sorted({"<f2", "<f4", "<i4", "<i8"} - {typestr,
+                                                                                   *(dtypes or {}).get(name, ())})))
     elif kind == "dim":
-        dim = data.draw(st.sampled_from(fixed_dims), label="dim")
+        dim = data.draw(st.sampled_from([d for d in range(len(shape)) if d not in free_dims.get(name, ())]))
         shape[dim] += data.draw(st.sampled_from([-1, 1] if shape[dim] else [1]))
     elif kind == "readonly":
         readonly = True
-    elif kind == "misaligned":
-        ptr += 1
+    elif kind in ("misaligned", "unaligned"):
+        ptr += 1 if kind == "misaligned" else int(typestr[2:])
     elif kind == "alias":
-        others = [k for k in nonempty if k != name and {k, name} not in [set(pair) for pair in in_place]]
-        ptr = _cai(args[data.draw(st.sampled_from(others), label="aliased")])["data"][0]
+        others = [k for k, v in args.items() if hasattr(v, "__cuda_array_interface__") and k != name
+                  and 0 not in _cai(v)["shape"] and {k, name} not in [set(pair) for pair in in_place]]
+        aliased = data.draw(st.sampled_from(sorted(others)), label="aliased")
+        ptr = _cai(args[aliased])["data"][0]
     elif kind == "short":
         shape = [least_elements[name] - 1]
     itemsize = int(typestr[2:])
     args[name] = FakeCAI(ptr, shape, typestr, tuple(s * itemsize for s in contiguous(shape)), readonly=readonly)
-    return name, kind
+    return aliased
+
+
+def expect_refusal_names(info, target: tuple, aliased) -> None:
+    """A corrupted call's refusal (pytest's ``info``) names the argument made wrong where nothing else can be: a
+    read-only, misaligned or short one (an alias: either of the pair). A wrong dtype or dim may be named by another
+    argument that must match it."""
+    name, kind = target
+    if kind == "alias":
+        assert info.value.argument in (name, aliased)
+    elif kind not in ("dtype", "dim"):
+        assert info.value.argument == name
+    if kind == "unaligned":
+        assert isinstance(info.value, errors.AlignmentError)
+
 
 # -- DLPack ----------------------------------------------------------------------------------------------
 _PyCapsule_New = ctypes.pythonapi.PyCapsule_New

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 from mamba2_aot import errors, runtime
 from mamba2_aot.plans import PLANS
 from mamba2_aot.tensors import as_device_array
-from runtime_fakes import (corrupt_one_argument, expect_refused, expect_valid_call, fake_array,  # noqa: F401
-                           no_driver)  # (fixture)
+from runtime_fakes import (corrupt_one_argument, corruption_targets, expect_refusal_names,  # noqa: F401
+                           expect_refused, expect_valid_call, fake_array, no_driver)  # (no_driver: a fixture)
 from test_conv1d_verify_plan import bf16_array
 
 MB = 1 << 20
@@ -358,17 +358,23 @@ def test_unknown_keyword_names_it(no_driver):  # noqa: F811
     assert info.value.argument == "conv_state"
 
 
-@given(st.data())
-@settings(max_examples=300, deadline=None, derandomize=True, database=None,
+FWD_WRITTEN = ("out", "final_states")
+OPTIONAL_GROUPS = (("conv_bias",), ("initial_states", "initial_state_indices"), ("final_states", "final_state_indices"))
+
+
+@pytest.mark.parametrize("target", corruption_targets([fwd_args(), packed_args()], FWD_WRITTEN), ids="-".join)
+@given(data=st.data())
+@settings(max_examples=8, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_any_one_corrupted_argument_is_refused_before_anything_launches(no_driver, data):
-    """A valid call (per-row states or packed sequences with pools, options drawn) with one array made wrong: a typed
-    refusal naming one of the call's arguments (the one made wrong, where nothing else can be), and the driver never
-    opened."""
-    packed = data.draw(st.booleans(), label="packed")
+def test_any_one_corrupted_argument_is_refused_before_anything_launches(no_driver, data, target):
+    """A valid call (per-row states or packed sequences with pools, options drawn) with one array made wrong (each
+    argument, each way): a typed refusal naming one of the call's arguments (the one made wrong, where nothing else
+    can be), and the driver never opened."""
+    packed = data.draw(st.sampled_from([p for p in (False, True) if target[0] in (packed_args() if p else fwd_args())]),
+                       label="packed")
     args = packed_args() if packed else fwd_args()
-    for names in (("conv_bias",), ("initial_states", "initial_state_indices"), ("final_states", "final_state_indices")):
-        if data.draw(st.booleans(), label=f"drop {names}"):
+    for names in OPTIONAL_GROUPS:
+        if target[0] not in names and data.draw(st.booleans(), label=f"drop {names}"):
             for name in names:
                 args.pop(name, None)
     expect_valid_call("conv1d_fwd", args)
@@ -379,10 +385,9 @@ def test_any_one_corrupted_argument_is_refused_before_anything_launches(no_drive
     free_dims = {"initial_states": {0}, "final_states": {0}} if packed else {}
     if not {"initial_states", "final_states"} & set(args):
         free_dims.update(conv_weight={1}, cu_seqlens={0})
-    name, kind = corrupt_one_argument(data, args, ("out", "final_states"), dtypes=dtypes, free_dims=free_dims,
-                                      in_place=[("initial_states", "final_states")])
+    aliased = corrupt_one_argument(data, args, FWD_WRITTEN, target, dtypes=dtypes, free_dims=free_dims,
+                                   in_place=[("initial_states", "final_states")])
     with pytest.raises(errors.InvalidArgumentError) as info:
         runtime.launch("conv1d_fwd", stream=0, **args)
     assert info.value.argument in args
-    if kind in ("readonly", "misaligned"):
-        assert info.value.argument == name
+    expect_refusal_names(info, target, aliased)

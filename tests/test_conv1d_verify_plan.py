@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 from mamba2_aot import errors, runtime
 from mamba2_aot.plans import PLANS
 from mamba2_aot.tensors import as_device_array
-from runtime_fakes import (FakeDLPack, corrupt_one_argument, expect_refused, expect_valid_call,  # noqa: F401
-                           fake_array, no_driver)  # (fixture)
+from runtime_fakes import (FakeDLPack, corrupt_one_argument, corruption_targets, expect_refusal_names,  # noqa: F401
+                           expect_refused, expect_valid_call, fake_array, no_driver)  # (no_driver: a fixture)
 
 MB = 1 << 20
 
@@ -260,26 +260,30 @@ def test_unknown_keyword_names_it(no_driver):  # noqa: F811
     assert info.value.argument == "window_count"
 
 
-@given(st.data())
-@settings(max_examples=300, deadline=None, derandomize=True, database=None,
+MODES = ("update", "snapshot", "compact")
+CONV_WRITTEN = ("out", "conv_state", "rejected", "conv_window_count", "conv_window_xBC", "tickets")  # (by any mode)
+
+
+@pytest.mark.parametrize("target", corruption_targets([conv_args(mode) for mode in MODES], CONV_WRITTEN),
+                         ids="-".join)
+@given(data=st.data())
+@settings(max_examples=8, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_any_one_corrupted_argument_is_refused_before_anything_launches(no_driver, data):
-    """A valid call (mode and options drawn) with one array made wrong: a typed refusal naming one of the call's
-    arguments (the one made wrong, where nothing else can be), and the driver never opened."""
-    mode = data.draw(st.sampled_from(["update", "snapshot", "compact"]), label="mode")
+def test_any_one_corrupted_argument_is_refused_before_anything_launches(no_driver, data, target):
+    """A valid call (mode and options drawn) with one array made wrong (each argument, each way): a typed refusal
+    naming one of the call's arguments (the one made wrong, where nothing else can be), and the driver never
+    opened."""
+    mode = data.draw(st.sampled_from([m for m in MODES if target[0] in conv_args(m)]), label="mode")
     args = conv_args(mode)
     for name in ("conv_bias", "rejected"):
-        if data.draw(st.booleans(), label=f"drop {name}"):
+        if target[0] != name and data.draw(st.booleans(), label=f"drop {name}"):
             del args[name]
     expect_valid_call("conv1d_verify", args)
-    written = ("out", "conv_state", "rejected") + (("conv_window_count", "conv_window_xBC", "tickets")
-                                                   if mode == "compact" else ())
     # (a pool may be fp32 or in the I/O dtype; without window records, it may have any number of slots; the window
     # record's capacity is its own)
-    name, kind = corrupt_one_argument(data, args, written, dtypes={"conv_state": {"<f2"}},
-                                      free_dims={"conv_state": {0}} if mode != "compact" else {"conv_window_xBC": {1}})
+    aliased = corrupt_one_argument(data, args, CONV_WRITTEN, target, dtypes={"conv_state": {"<f2"}},
+                                   free_dims={"conv_state": {0}} if mode != "compact" else {"conv_window_xBC": {1}})
     with pytest.raises(errors.InvalidArgumentError) as info:
         runtime.launch("conv1d_verify", stream=0, **args)
     assert info.value.argument in args
-    if kind in ("readonly", "misaligned"):
-        assert info.value.argument == name
+    expect_refusal_names(info, target, aliased)

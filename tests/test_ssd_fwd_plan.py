@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 from mamba2_aot import errors, runtime
 from mamba2_aot.plans import PLANS
 from mamba2_aot.tensors import as_device_array
-from runtime_fakes import (FakeCAI, contiguous, corrupt_one_argument, expect_refused,  # noqa: F401  (fixtures)
-                           expect_valid_call, fake_array, fake_runtime, no_driver)
+from runtime_fakes import (FakeCAI, contiguous, corrupt_one_argument, corruption_targets,  # noqa: F401  (fixtures)
+                           expect_refusal_names, expect_refused, expect_valid_call, fake_array, fake_runtime,
+                           no_driver)
 
 MB = 1 << 20
 BATCH, L, H, P, N, G = 2, 300, 8, 64, 128, 2
@@ -587,31 +588,47 @@ def test_strided_views_bind_exactly_or_name_the_misaligned_operand(case):
         assert info.value.argument == misaligned
 
 
-@given(st.data())
-@settings(max_examples=300, deadline=None, derandomize=True, database=None,
+SSD_OPTIONS = ("z", "D", "dt_bias", "initial_states", "final_states", "chunk_states", "workspace", "seq_idx")
+SSD_WRITTEN = ("out", "final_states", "chunk_states", "workspace")
+# (a workspace may be any size; x, z, B, C, out and the workspace move 16 bytes at a time, chunk_states 8)
+SSD_EXEMPT = dict(free_dims={"workspace": {0}}, vectors=("x", "z", "B", "C", "out", "workspace", "chunk_states"))
+
+
+def ssd_options_args(chunk_size: int) -> dict:
+    """ssd_args with every option the property test draws: chunk states for this chunk size, a workspace, seq_idx."""
+    return ssd_args(chunk_size=chunk_size, workspace=fake_array(0x7000_0000, (1 << 16,), "fp32"),
+                    seq_idx=fake_array(0x7400_0000, (BATCH, L), "int32"),
+                    chunk_states=fake_array(0x7800_0000, (BATCH, -(-L // chunk_size), H, P, N)))
+
+
+@pytest.mark.parametrize("target", corruption_targets([ssd_options_args(128)], SSD_WRITTEN, **SSD_EXEMPT),
+                         ids="-".join)
+@given(data=st.data())
+@settings(max_examples=8, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_any_one_corrupted_argument_is_refused_before_anything_launches(no_driver, data):
-    """A valid call (options drawn) with one array made wrong: a typed refusal naming one of the call's arguments
-    (the one made wrong, where nothing else can be), and the driver never opened."""
-    args = ssd_args(chunk_size=data.draw(st.sampled_from([64, 128, 256]), label="chunk_size"))
-    args["chunk_states"] = fake_array(_cai_ptr(args["chunk_states"]), (BATCH, -(-L // args["chunk_size"]), H, P, N))
-    for name in ("z", "D", "dt_bias", "initial_states", "final_states", "chunk_states"):
-        if data.draw(st.booleans(), label=f"drop {name}"):
+def test_any_one_corrupted_argument_is_refused_before_anything_launches(no_driver, data, target):
+    """A valid call (options drawn) with one array made wrong (each argument, each way): a typed refusal naming one
+    of the call's arguments (the one made wrong, where nothing else can be), and the driver never opened."""
+    args = ssd_options_args(data.draw(st.sampled_from([64, 128, 256]), label="chunk_size"))
+    for name in SSD_OPTIONS:
+        if target[0] != name and data.draw(st.booleans(), label=f"drop {name}"):
             del args[name]
+    # (seq_idx packing takes no states per row at batch 2)
+    for name in ("initial_states", "final_states") if "seq_idx" in args else ():
+        if name == target[0]:
+            del args["seq_idx"]
+            break
+        args.pop(name, None)
     if data.draw(st.booleans(), label="one pool") and {"initial_states", "final_states"} <= set(args):
         args["final_states"] = args["initial_states"]   # (a pool read and written in place: allowed)
     expect_valid_call("ssd_fwd", args)
     # initial and final states share the state dtype: fp32, or a pool's bf16 / fp16; one given alone may take fp16
     lone_state = {"initial_states", "final_states"} - set(args)
     dtypes = {name: {"<f2"} for name in ("initial_states", "final_states") if lone_state and name in args}
-    name, kind = corrupt_one_argument(data, args, ("out", "final_states", "chunk_states"), dtypes=dtypes,
-                                      in_place=[("initial_states", "final_states")])
+    # (a workspace is written only where the call is split, and only that part must not overlap an input)
+    in_place = [("initial_states", "final_states")] + [("workspace", k) for k in args if k not in SSD_WRITTEN]
+    aliased = corrupt_one_argument(data, args, SSD_WRITTEN, target, dtypes=dtypes, in_place=in_place, **SSD_EXEMPT)
     with pytest.raises(errors.InvalidArgumentError) as info:
         runtime.launch("ssd_fwd", stream=0, **args)
     assert info.value.argument in args
-    if kind in ("readonly", "misaligned"):
-        assert info.value.argument == name
-
-
-def _cai_ptr(arr) -> int:
-    return arr.__cuda_array_interface__["data"][0]
+    expect_refusal_names(info, target, aliased)

@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 from mamba2_aot import errors, runtime
 from mamba2_aot.plans import PLANS, CompositePlan
 from mamba2_aot.tensors import as_device_array
-from runtime_fakes import (corrupt_one_argument, expect_refused, expect_valid_call, fake_array,  # noqa: F401
-                           no_driver)  # (fixture)
+from runtime_fakes import (corrupt_one_argument, corruption_targets, expect_refusal_names,  # noqa: F401
+                           expect_refused, expect_valid_call, fake_array, no_driver)  # (no_driver: a fixture)
 
 MB = 1 << 20
 
@@ -177,25 +177,34 @@ def test_plans_name_the_kernels_parameters_in_order():
         assert pointers - from_workspace == set(PLANS[family].arrays) - {"workspace"}, family
 
 
-@given(st.data())
-@settings(max_examples=300, deadline=None, derandomize=True, database=None,
+MODES = ("update", "snapshot", "compact")
+VERIFY_WRITTEN = ("out", "state", "rejected", "window_count", "window_x", "window_B", "window_dt")  # (by any mode)
+
+
+def verify_options_args(mode: str, D_shape=(H, P)) -> dict:
+    return verify_args(mode, D=fake_array(0x5000_0000, D_shape, "fp32"))
+
+
+@pytest.mark.parametrize("target", corruption_targets([verify_options_args(mode) for mode in MODES], VERIFY_WRITTEN,
+                                                      vectors=("state",)), ids="-".join)
+@given(data=st.data())
+@settings(max_examples=8, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_any_one_corrupted_argument_is_refused_before_anything_launches(no_driver, data):
-    """A valid call (mode and options drawn) with one array made wrong: a typed refusal naming one of the call's
-    arguments (the one made wrong, where nothing else can be), and the driver never opened."""
-    mode = data.draw(st.sampled_from(["update", "snapshot", "compact"]), label="mode")
-    args = verify_args(mode, D=fake_array(0x5000_0000, data.draw(st.sampled_from([(H,), (H, P)]), label="D"), "fp32"))
+def test_any_one_corrupted_argument_is_refused_before_anything_launches(no_driver, data, target):
+    """A valid call (mode and options drawn) with one array made wrong (each argument, each way): a typed refusal
+    naming one of the call's arguments (the one made wrong, where nothing else can be), and the driver never
+    opened."""
+    mode = data.draw(st.sampled_from([m for m in MODES if target[0] in verify_args(m)]), label="mode")
+    args = verify_options_args(mode, data.draw(st.sampled_from([(H,), (H, P)]), label="D"))
     for name in ("D", "z", "dt_bias", "rejected"):
-        if data.draw(st.booleans(), label=f"drop {name}"):
+        if target[0] != name and data.draw(st.booleans(), label=f"drop {name}"):
             del args[name]
     expect_valid_call("verify", args)
-    written = {"update": ("out", "state", "rejected"), "snapshot": ("out", "state", "rejected"),
-               "compact": ("out", "state", "rejected", "window_count", "window_x", "window_B", "window_dt")}[mode]
-    # (a pool may be fp32, bf16 or fp16; without window records, it may have any number of slots)
-    name, kind = corrupt_one_argument(data, args, written, dtypes={"state": {"<f2"}},
-                                      free_dims={"state": {0}} if mode != "compact" else {})
+    # (a pool may be fp32, bf16 or fp16; without window records, it may have any number of slots; its rows move 16
+    # bytes at a time)
+    aliased = corrupt_one_argument(data, args, VERIFY_WRITTEN, target, dtypes={"state": {"<f2"}},
+                                   free_dims={"state": {0}} if mode != "compact" else {}, vectors=("state",))
     with pytest.raises(errors.InvalidArgumentError) as info:
         runtime.launch("verify", stream=0, **args)
     assert info.value.argument in args
-    if kind in ("readonly", "misaligned"):
-        assert info.value.argument == name
+    expect_refusal_names(info, target, aliased)
