@@ -1,4 +1,5 @@
 """mamba2_aot.torch on the CPU: what the drop-ins refuse, before anything reaches the runtime."""
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -195,6 +196,42 @@ def test_causal_conv1d_refusals_name_the_argument(call, argument, launches):
     x, state, weight = torch.zeros(2, 16, 9), torch.zeros(2, 16, 3), torch.ones(16, 4)
     with pytest.raises(errors.InvalidArgumentError) as info:
         call(x, state, weight)
+    assert info.value.argument == argument and not launches.calls
+
+
+def _drop_in_calls():
+    """(drop-in, valid keyword arguments, its required tensors, its optional ones) for each of the four."""
+    bf16 = dict(dtype=torch.bfloat16)
+    state_update = dict(state=torch.zeros(2, 4, 64, 16), x=torch.zeros(2, 4, 64, **bf16), dt=torch.zeros(2, 4, **bf16),
+                        A=-torch.ones(4), B=torch.zeros(2, 1, 16, **bf16), C=torch.zeros(2, 1, 16, **bf16))
+    conv = dict(x=torch.zeros(2, 16, 9), weight=torch.ones(16, 4))
+    conv_update = dict(x=torch.zeros(2, 16), conv_state=torch.zeros(2, 16, 3), weight=torch.ones(16, 4))
+    return [(adapters.mamba_chunk_scan_combined, _forward(), ("x", "dt", "A", "B", "C"),
+             ("D", "z", "dt_bias", "initial_states", "seq_idx", "cu_seqlens")),
+            (adapters.selective_state_update, state_update, ("state", "x", "dt", "A", "B", "C"),
+             ("D", "z", "dt_bias", "state_batch_indices")),
+            (adapters.causal_conv1d_fn, conv, ("x", "weight"), ("bias", "seq_idx", "initial_states",
+                                                                 "final_states_out")),
+            (adapters.causal_conv1d_update, conv_update, ("x", "conv_state", "weight"), ("bias", "conv_state_indices"))]
+
+
+@pytest.mark.parametrize("call", range(4), ids=["scan", "state_update", "conv", "conv_update"])
+def test_a_drop_in_refuses_what_is_not_a_tensor_by_name(call, launches):
+    """None for a required tensor, and a list or a numpy array for any tensor argument: an ArrayProtocolError naming
+    it (not an AttributeError or IndexError from reading its shape), nothing launched."""
+    drop_in, kwargs, required, optional = _drop_in_calls()[call]
+    for name, value in [(name, None) for name in required] + [(name, [1.0]) for name in required + optional] + [
+            (name, np.zeros(3)) for name in required]:
+        with pytest.raises(errors.ArrayProtocolError) as info:
+            drop_in(**dict(kwargs, **{name: value}))
+        assert info.value.argument == name, (name, value)
+    assert not launches.calls
+
+
+@pytest.mark.parametrize("argument", ["x", "B"])
+def test_mamba_chunk_scan_combined_refuses_a_wrong_rank_before_reading_dims(argument, launches):
+    with pytest.raises(errors.ShapeError, match=f"^{argument}: expected \\(batch, seqlen") as info:
+        adapters.mamba_chunk_scan_combined(**_forward(**{argument: _forward()[argument][..., 0]}))
     assert info.value.argument == argument and not launches.calls
 
 

@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 
 from . import runtime
-from .errors import DeviceError, DTypeError, InvalidArgumentError, ShapeError, StrideError
+from .errors import ArrayProtocolError, DeviceError, DTypeError, InvalidArgumentError, ShapeError, StrideError
 from .plans.ssd_fwd import expect_vector_operand
 from .tensors import as_device_array
 from .validation import expect_int, has_internal_overlap
@@ -184,7 +184,16 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
 
     Differentiable (autograd through ``ssd_bwd``, deterministic) in every input that takes a gradient, and in
     ``out`` and ``final_states``; ``varlen_states`` is returned as a converted copy and carries gradients too.
+
+    Raises (before anything launches) the runtime's typed errors naming the argument: ArrayProtocolError (not a
+    torch tensor), DeviceError (not on a CUDA device), ShapeError, DTypeError, StrideError, AlignmentError,
+    InvalidArgumentError (an option, a combination); VariantNotFoundError for a shape or dtype not built.
     """
+    _expect_tensors(x=x, dt=dt, A=A, B=B, C=C)
+    _expect_optional_tensors(D=D, z=z, dt_bias=dt_bias, initial_states=initial_states, seq_idx=seq_idx,
+                             cu_seqlens=cu_seqlens)
+    _expect_rank("x", x, {4: "(batch, seqlen, nheads, headdim)"})   # (their dims size the outputs)
+    _expect_rank("B", B, {4: "(batch, seqlen, ngroups, d_state)"})
     if return_varlen_states and cu_seqlens is None:
         raise InvalidArgumentError("cu_seqlens", "cu_seqlens: required with return_varlen_states=True")
     varlen_dtype = C.dtype if state_dtype is None else state_dtype
@@ -265,8 +274,10 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     slot b; negative: a padding row, output zero). The 3-dim forms without a head dim work too (one head); x, z, B
     and C may drop their head / group dim on their own, as upstream allows, while dt, A, D and dt_bias take the forms
     of the state's rank. Returns out (batch, H, P) (or (batch, P)). Per-dim (untied) A, dt or dt_bias are Mamba-1
-    and not supported: InvalidArgumentError.
+    and not supported: InvalidArgumentError. Other errors: as :func:`mamba_chunk_scan_combined`'s.
     """
+    _expect_tensors(state=state, x=x, dt=dt, A=A, B=B, C=C)
+    _expect_optional_tensors(D=D, z=z, dt_bias=dt_bias, state_batch_indices=state_batch_indices)
     _expect_rank("state", state, {3: "(batch or num_slots, dim, d_state)",
                                   4: "(batch or num_slots, nheads, headdim, d_state)"})
     has_heads = state.dim() > 3
@@ -372,6 +383,19 @@ def _pair_of_floats(name: str, value) -> tuple[float, float]:
         raise InvalidArgumentError(name, f"{name}: expected a pair (lo, hi), got {value!r}") from None
 
 
+def _expect_tensors(**tensors) -> None:
+    """An ArrayProtocolError naming the first of ``tensors`` (the drop-in's required tensor arguments) that is not a
+    torch tensor (None included), before the drop-in reads its shape."""
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise ArrayProtocolError(name, f"{name}: expected a torch tensor, got {type(t).__name__}")
+
+
+def _expect_optional_tensors(**tensors) -> None:
+    """As :func:`_expect_tensors`, for optional arguments: None is allowed."""
+    _expect_tensors(**{name: t for name, t in tensors.items() if t is not None})
+
+
 def _expect_rank(name: str, t: torch.Tensor, layouts: dict[int, str]) -> None:
     """A ShapeError in the caller's terms unless ``t`` has one of ``layouts``' ranks (rank -> its dims' names)."""
     if t.dim() not in layouts:
@@ -464,12 +488,15 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, re
 
     x (batch, dim, L) bf16/fp16/fp32, any strides (Mamba-2 passes ``xBC.transpose(1, 2)``, channels contiguous:
     the fast layout); weight (dim, width) with width 2..4 and bias (dim,) (used in fp32); seq_idx (batch, L)
-    int32 (a new sequence where it changes; no states with it); initial_states (batch, dim, width - 1) (taken in
+    int32 (other integer dtypes are converted; a new sequence where it changes; no states with it); initial_states (batch, dim, width - 1) (taken in
     x's dtype); activation None, "silu" or "swish". Returns out (batch, dim, L) in x's dtype, and with
     return_final_states also final_states (batch, dim, width - 1) in x's dtype (written into
-    ``final_states_out`` when given).
+    ``final_states_out`` when given). Errors: as :func:`mamba_chunk_scan_combined`'s.
     """
     silu = _conv_activation(activation)
+    _expect_tensors(x=x, weight=weight)
+    _expect_optional_tensors(bias=bias, seq_idx=seq_idx, initial_states=initial_states,
+                             final_states_out=final_states_out)
     _expect_rank("x", x, {3: "(batch, dim, L)"})
     _expect_rank("weight", weight, {2: "(dim, width)"})
     initial_states = None if initial_states is None else initial_states.to(x.dtype)   # one state dtype: x's
@@ -490,11 +517,14 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cach
     cache has state_len = width; the columns before are left as they were); weight (dim, width), width 2..4;
     bias (dim,); conv_state_indices (batch,) integers (row b uses that slot; negative: a padding row, output zero;
     default: slot b). Returns out shaped like x. Not supported (typed error): ``cache_seqlens`` (a circular state).
+    Other errors: as :func:`mamba_chunk_scan_combined`'s.
     """
     silu = _conv_activation(activation)
     if cache_seqlens is not None:
         raise InvalidArgumentError("cache_seqlens", "cache_seqlens: the circular conv state is not supported; keep "
                                    "the state as the last width - 1 inputs")
+    _expect_tensors(x=x, conv_state=conv_state, weight=weight)
+    _expect_optional_tensors(bias=bias, conv_state_indices=conv_state_indices)
     _expect_rank("x", x, {2: "(batch, dim)", 3: "(batch, dim, T)"})
     _expect_rank("conv_state", conv_state, {3: "(batch or num_slots, dim, state_len)"})
     _expect_rank("weight", weight, {2: "(dim, width)"})
