@@ -488,10 +488,10 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, re
 
     x (batch, dim, L) bf16/fp16/fp32, any strides (Mamba-2 passes ``xBC.transpose(1, 2)``, channels contiguous:
     the fast layout); weight (dim, width) with width 2..4 and bias (dim,) (used in fp32); seq_idx (batch, L)
-    int32 (other integer dtypes are converted; a new sequence where it changes; no states with it); initial_states (batch, dim, width - 1) (taken in
-    x's dtype); activation None, "silu" or "swish". Returns out (batch, dim, L) in x's dtype, and with
-    return_final_states also final_states (batch, dim, width - 1) in x's dtype (written into
-    ``final_states_out`` when given). Errors: as :func:`mamba_chunk_scan_combined`'s.
+    int32 (other integer dtypes are converted; a new sequence where it changes; no states with it);
+    initial_states (batch, dim, width - 1) (taken in x's dtype); activation None, "silu" or "swish". Returns out
+    (batch, dim, L) in x's dtype, and with return_final_states also final_states (batch, dim, width - 1) in x's
+    dtype (written into ``final_states_out`` when given). Errors: as :func:`mamba_chunk_scan_combined`'s.
     """
     silu = _conv_activation(activation)
     _expect_tensors(x=x, weight=weight)
