@@ -4,6 +4,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+import os
 import re
 import struct
 import threading
@@ -554,6 +555,19 @@ def test_list_variants(fake_runtime, tmp_path):
     rows = {row["key"]: row for row in runtime.list_variants("ssd_chunk_cumsum")}
     row = rows["ssd_chunk_cumsum[chunk_size=64,dt_dtype=bf16]"]
     assert (row["validated"], row["experiments"], row["usable"]) == (False, ["bwd_products_ahead"], False)
+
+
+def test_list_variants_reports_a_cubin_source_it_could_not_read(fake_runtime, tmp_path, monkeypatch):
+    """A MAMBA2_AOT_CUBIN_DIR without a manifest: beside installed cubins a warning, alone the error (not [])."""
+    monkeypatch.setattr(manifest, "_installed_manifest_paths", lambda: [])
+    monkeypatch.setenv(manifest.ENV_CUBIN_DIR, f"{tmp_path}{os.pathsep}{tmp_path / 'nowhere'}")
+    manifest.catalog(refresh=True)
+    with pytest.warns(RuntimeWarning, match="nowhere not read: .*holds no manifest.json"):
+        assert len(runtime.list_variants("ssd_chunk_cumsum")) == 4
+    monkeypatch.setenv(manifest.ENV_CUBIN_DIR, str(tmp_path / "nowhere"))
+    manifest.catalog(refresh=True)
+    with pytest.raises(CubinNotInstalledError, match="nowhere holds no manifest.json"):
+        runtime.list_variants()
 
 
 def test_fake_driver_matches_real_driver_interface():

@@ -24,6 +24,7 @@ import inspect
 import math
 import struct
 import threading
+import warnings
 
 from . import driver, manifest, streams
 from .errors import (ArchMismatchError, CubinPackageError, CudaDriverError, DeviceError, GraphCaptureError,
@@ -492,10 +493,17 @@ def list_variants(family: str | None = None) -> list[dict]:
     """Every variant in the installed cubins (no GPU needed): family, key, constants, arch,
     compute_capability, package, validated, experiments (the build experiments it was compiled with), usable
     (False for an unvalidated one without MAMBA2_AOT_ALLOW_UNVALIDATED=1). ``family`` filters (a composite family:
-    its steps' variants; an unknown one raises :class:`VariantNotFoundError`, as in ``launch``)."""
+    its steps' variants; an unknown one raises :class:`VariantNotFoundError`, as in ``launch``). A cubin source that
+    could not be read (a ``MAMBA2_AOT_CUBIN_DIR`` with no manifest, a broken wheel) raises its
+    :class:`CubinPackageError` when no other source was read, else is a RuntimeWarning (``python -m mamba2_aot
+    list`` prints them all)."""
     wanted = None if family is None else _kernel_families(family)
     rows = []
     catalog = manifest.catalog()
+    if catalog.problems and not catalog.manifests:
+        raise catalog.problems[0].error
+    for problem in catalog.problems:
+        warnings.warn(f"mamba2_aot cubins at {problem.where} not read: {problem.error}", RuntimeWarning, stacklevel=2)
     for m in catalog.manifests:
         for v in m.variants:
             if wanted is None or v.family in wanted:
