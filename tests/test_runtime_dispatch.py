@@ -188,6 +188,9 @@ def test_expect_bool_accepts_bools_and_0_1(flag, expected):
     np = pytest.importorskip("numpy")
     assert validation.expect_bool("f", flag) is expected
     assert validation.expect_bool("f", np.int64(flag)) is expected
+    assert validation.expect_bool("f", np.bool_(flag)) is expected
+    assert validation.expect_bool("f", np.array(bool(flag))) is expected
+    assert validation.expect_bool("f", torch.tensor(bool(flag))) is expected
 
 
 def test_misspelt_keyword_names_it_and_lists_the_accepted_ones(no_driver):

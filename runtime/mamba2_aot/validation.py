@@ -75,10 +75,12 @@ def expect_int(name: str, value, *, minimum: int = 0, maximum: int = INT32_MAX) 
 
 
 def expect_bool(name: str, value) -> bool:
-    """A flag: a bool, or the int 0 or 1 (a Python or NumPy int). Anything else (``1.0``, ``"yes"``,
-    ``None``, ``2``) raises :class:`InvalidArgumentError` naming ``name``."""
+    """A flag: a bool (a NumPy bool too), or the int 0 or 1 (a Python or NumPy int). Anything else (``1.0``,
+    ``"yes"``, ``None``, ``2``) raises :class:`InvalidArgumentError` naming ``name``."""
     if isinstance(value, bool):
         return value
+    if str(getattr(value, "dtype", "")) == "bool" and getattr(value, "shape", None) == ():  # (numpy.bool_: no index)
+        return bool(value)
     try:
         flag = operator.index(value)
     except TypeError:
