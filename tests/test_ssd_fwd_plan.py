@@ -98,6 +98,7 @@ BAD = [
     ({"initial_state_indices": fake_array(0x70000000, (BATCH,), "int32"), "initial_states": None},
      errors.InvalidArgumentError, "initial_state_indices", "given without initial_states"),
     ({"D": fake_array(0x70000000, (H, P + 1), "fp32")}, errors.ShapeError, "D", "(nheads,) or (nheads, headdim)"),
+    ({"D": fake_array(0x70000000, (P,), "fp32")}, errors.ShapeError, "D", f"expected shape ({H},) (nheads,) or"),
     ({"out": fake_array(0x10000000, (BATCH, L, H, P), "fp16")}, errors.AliasingError, "out", "overlaps x"),
 ]
 

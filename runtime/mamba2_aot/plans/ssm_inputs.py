@@ -86,8 +86,8 @@ def bind_ssm_gates(params: dict, shape: tuple, io: str, *, dt, A, out, D, z, dt_
         expect_dtype(D, ("fp32",))
         if D.shape == (nheads,):
             params.update(stride_D_head=D.strides[0], stride_D_dim=0)
-        else:
-            expect_shape(D, (nheads, headdim), "(nheads,) or (nheads, headdim)")
+        else:   # (a 1-D D is told its length, not that it wants 2 dims)
+            expect_shape(D, (nheads,) if len(D.shape) == 1 else (nheads, headdim), "(nheads,) or (nheads, headdim)")
             record_strides(params, D, ("head", "dim"))
     if z is not None:
         expect_dtype(z, (io,))
