@@ -277,7 +277,8 @@ class SsdBackwardPlan(CompositePlan):
               "ddt_bias", "dinitial_states")
 
     def workspace_size(self, *, x=None, B=None, **_) -> int:
-        """Bytes of workspace for a call with these x (batch, L, H, P) and B (batch, L, G, N) (any array objects)."""
+        """Bytes of workspace for a call with these x (batch, L, H, P) and B (batch, L, G, N) (CUDA arrays of any
+        framework, as the launch takes them)."""
         expect_given(x=x, B=B)
         x, B = as_device_array(x, "x"), as_device_array(B, "B")
         return Workspace(*ssd_shape(x, B), *B.shape[2:], x.dtype).size

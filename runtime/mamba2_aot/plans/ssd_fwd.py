@@ -267,9 +267,10 @@ class SsdForwardPlan(CompositePlan):
 
     def workspace_size(self, *, x=None, B=None, seq_idx=None, cu_seqlens=None, chunk_states=None,
                        initial_states=None, final_states=None, **_) -> int:
-        """Bytes of workspace for a call with these x (batch, L, H, P) and B (batch, L, G, N) (any array objects):
-        what its split needs; 0 for calls that are not split or keep the entering states in chunk_states (packed
-        sequences, chunk_states, one pool read and written in place), when those arguments are given too."""
+        """Bytes of workspace for a call with these x (batch, L, H, P) and B (batch, L, G, N) (CUDA arrays of any
+        framework, as the launch takes them): what its split needs; 0 for calls that are not split or keep the
+        entering states in chunk_states (packed sequences, chunk_states, one pool read and written in place), when
+        those arguments are given too."""
         expect_given(x=x, B=B)
         in_place = initial_states is not None and final_states is not None and (  # (as split_call: the same memory)
             as_device_array(initial_states, "initial_states").ptr == as_device_array(final_states, "final_states").ptr)
