@@ -437,8 +437,9 @@ def _set_kernel_attributes(drv, kernel: int, variant: manifest.Variant, device: 
 
 
 def preload(families=None, devices=None) -> list[tuple[str, int]]:
-    """Load every built variant (of ``families``, default all) on ``devices`` (default: every visible
-    device with cubins for its arch), so launches under CUDA-graph capture need no loading.
+    """Load every built variant (of ``families``: a family name or several, default all) on ``devices`` (a
+    device ordinal or several; default: every visible device with cubins for its arch), so launches under
+    CUDA-graph capture need no loading.
 
     Returns ``[(variant key, device)]`` loaded. Raises :class:`VariantNotFoundError` for an unknown
     family name, :class:`CubinPackageError` when a named device (or, by default, every device) has no

@@ -5,15 +5,15 @@ Call::
     launch("ssd_chunk_cumsum", dt=dt, A=A, dt_out=dt_out, dA_cumsum=dA_cumsum, chunk_size=256,
            dt_bias=None, dt_softplus=False, dt_limit=(0.0, float("inf")), stream=None)
 
-=============  ===========================  =====================  =================================
-argument       shape                        dtype                  notes
-=============  ===========================  =====================  =================================
-dt             (B, L, H)                    bf16 / fp16 / fp32     any strides; L >= 1
-A              (H,)                         fp32                   any stride
-dt_bias        (H,) or None                 fp32                   added to dt before softplus
-dt_out         (B, H, nchunks, chunk_size)  fp32                   written: Δ, 0 past L
-dA_cumsum      (B, H, nchunks, chunk_size)  fp32                   written: cumsum of Δ·A per chunk
-=============  ===========================  =====================  =================================
+=============  ===============================  =====================  =================================
+argument       shape                            dtype                  notes
+=============  ===============================  =====================  =================================
+dt             (batch, L, H)                    bf16 / fp16 / fp32     any strides; L >= 1
+A              (H,)                             fp32                   any stride
+dt_bias        (H,) or None                     fp32                   added to dt before softplus
+dt_out         (batch, H, nchunks, chunk_size)  fp32                   written: Δ, 0 past L
+dA_cumsum      (batch, H, nchunks, chunk_size)  fp32                   written: cumsum of Δ·A per chunk
+=============  ===============================  =====================  =================================
 
 ``nchunks = ceil(L / chunk_size)``; outputs are caller-owned, may be strided, must not overlap each
 other or an input. ``chunk_size`` must be one of the built variants (64, 128, 256 in the full build).
