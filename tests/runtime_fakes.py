@@ -74,16 +74,19 @@ def _cai(arr) -> dict:
 
 def corruption_kinds(args: dict, name: str, outputs, *, free_dims=None, least_elements=None, vectors=()) -> list:
     """The kinds of wrong :func:`corrupt_one_argument` can make of array ``name`` of the valid call ``args``:
-    ``dtype`` (a dtype it does not take), ``dim`` (a dim off by one, but not one of ``free_dims[name]``),
-    ``readonly`` (an output), and for a non-empty array (an empty one is never dereferenced) ``misaligned`` (a byte
-    off), ``unaligned`` (an element off, for ``vectors``: arrays moved 16 bytes at a time), ``alias`` (an output at
-    another argument's address); ``short`` (an argument of ``least_elements``, 1-D, one element short of that)."""
+    ``dtype`` (a dtype it does not take), ``dim`` (a dim off by one, but not one of ``free_dims[name]``), ``rank``
+    (a trailing dim of 1 more), ``readonly`` (an output); for a non-empty array (an empty one is never dereferenced)
+    ``null`` (at address 0), ``misaligned`` (a byte off), ``unaligned`` and ``padded`` (for ``vectors``, arrays
+    moved 16 bytes at a time: an element off, and its outermost stride one element longer), ``alias`` (an output at
+    another argument's address), ``broadcast`` (an output with stride 0 along a dim of more than one element);
+    ``short`` (an argument of ``least_elements``, 1-D, one element short of that)."""
     free_dims, least_elements = free_dims or {}, least_elements or {}
     shape = _cai(args[name])["shape"]
-    kinds = ["dtype"] + (["dim"] if set(range(len(shape))) - set(free_dims.get(name, ())) else [])
+    kinds = ["dtype"] + (["dim"] if set(range(len(shape))) - set(free_dims.get(name, ())) else []) + ["rank"]
     kinds += ["readonly"] if name in outputs else []
     if 0 not in shape:
-        kinds += ["misaligned"] + (["unaligned"] if name in vectors else []) + (["alias"] if name in outputs else [])
+        kinds += ["null", "misaligned"] + (["unaligned", "padded"] if name in vectors else [])
+        kinds += ["alias"] + (["broadcast"] if max(shape) > 1 else []) if name in outputs else []
     return kinds + (["short"] if least_elements.get(name) else [])
 
 
@@ -109,36 +112,46 @@ def corrupt_one_argument(data, args: dict, outputs, target: tuple, *, dtypes=Non
                                                      least_elements=least_elements, vectors=vectors))
     ptr, readonly = _cai(args[name])["data"]
     shape, typestr, aliased = list(_cai(args[name])["shape"]), _cai(args[name])["typestr"], None
+    strides = list(contiguous(shape))
     if kind == "dtype":
         typestr = data.draw(st.sampled_from(sorted({"<f2", "<f4", "<i4", "<i8"} - {typestr,
                                                                                    *(dtypes or {}).get(name, ())})))
     elif kind == "dim":
         dim = data.draw(st.sampled_from([d for d in range(len(shape)) if d not in free_dims.get(name, ())]))
         shape[dim] += data.draw(st.sampled_from([-1, 1] if shape[dim] else [1]))
+        strides = list(contiguous(shape))
+    elif kind == "rank":
+        shape, strides = shape + [1], strides + [1]
     elif kind == "readonly":
         readonly = True
+    elif kind == "null":
+        ptr = 0
     elif kind in ("misaligned", "unaligned"):
         ptr += 1 if kind == "misaligned" else int(typestr[2:])
+    elif kind == "padded":
+        outer = next(d for d in range(len(shape)) if shape[d] > 1 or d == len(shape) - 1)
+        strides[outer] += 1
     elif kind == "alias":
         others = [k for k, v in args.items() if hasattr(v, "__cuda_array_interface__") and k != name
                   and 0 not in _cai(v)["shape"] and {k, name} not in [set(pair) for pair in in_place]]
         aliased = data.draw(st.sampled_from(sorted(others)), label="aliased")
         ptr = _cai(args[aliased])["data"][0]
+    elif kind == "broadcast":
+        strides[data.draw(st.sampled_from([d for d in range(len(shape)) if shape[d] > 1]), label="dim")] = 0
     elif kind == "short":
-        shape = [least_elements[name] - 1]
+        shape, strides = [least_elements[name] - 1], [1]
     itemsize = int(typestr[2:])
-    args[name] = FakeCAI(ptr, shape, typestr, tuple(s * itemsize for s in contiguous(shape)), readonly=readonly)
+    args[name] = FakeCAI(ptr, shape, typestr, tuple(s * itemsize for s in strides), readonly=readonly)
     return aliased
 
 
 def expect_refusal_names(info, target: tuple, aliased) -> None:
-    """A corrupted call's refusal (pytest's ``info``) names the argument made wrong where nothing else can be: a
-    read-only, misaligned or short one (an alias: either of the pair). A wrong dtype or dim may be named by another
-    argument that must match it."""
+    """A corrupted call's refusal (pytest's ``info``) names the argument made wrong where nothing else can be (an
+    alias: either of the pair). A wrong dtype, dim or rank may be named by another argument that must match it."""
     name, kind = target
     if kind == "alias":
         assert info.value.argument in (name, aliased)
-    elif kind not in ("dtype", "dim"):
+    elif kind not in ("dtype", "dim", "rank"):
         assert info.value.argument == name
     if kind == "unaligned":
         assert isinstance(info.value, errors.AlignmentError)

@@ -360,19 +360,23 @@ def test_unknown_keyword_names_it(no_driver):  # noqa: F811
 
 FWD_WRITTEN = ("out", "final_states")
 OPTIONAL_GROUPS = (("conv_bias",), ("initial_states", "initial_state_indices"), ("final_states", "final_state_indices"))
+PACKINGS = {"rows": lambda: fwd_args(), "cu_seqlens": lambda: packed_args(),
+            # (no conv states with seq_idx)
+            "seq_idx": lambda: {k: v for k, v in fwd_args(seq_idx=fake_array(ELSEWHERE, (BATCH, L), "int32")).items()
+                                if k not in STATE_ARRAYS}}
 
 
-@pytest.mark.parametrize("target", corruption_targets([fwd_args(), packed_args()], FWD_WRITTEN), ids="-".join)
+@pytest.mark.parametrize("target", corruption_targets([make() for make in PACKINGS.values()], FWD_WRITTEN),
+                         ids="-".join)
 @given(data=st.data())
 @settings(max_examples=8, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_any_one_corrupted_argument_is_refused_before_anything_launches(no_driver, data, target):
-    """A valid call (per-row states or packed sequences with pools, options drawn) with one array made wrong (each
-    argument, each way): a typed refusal naming one of the call's arguments (the one made wrong, where nothing else
-    can be), and the driver never opened."""
-    packed = data.draw(st.sampled_from([p for p in (False, True) if target[0] in (packed_args() if p else fwd_args())]),
-                       label="packed")
-    args = packed_args() if packed else fwd_args()
+    """A valid call (per-row states, packed sequences with pools, or seq_idx; options drawn) with one array made
+    wrong (each argument, each way): a typed refusal naming one of the call's arguments (the one made wrong, where
+    nothing else can be), and the driver never opened."""
+    packing = data.draw(st.sampled_from([p for p, make in PACKINGS.items() if target[0] in make()]), label="packing")
+    args = PACKINGS[packing]()
     for names in OPTIONAL_GROUPS:
         if target[0] not in names and data.draw(st.booleans(), label=f"drop {names}"):
             for name in names:
@@ -382,7 +386,7 @@ def test_any_one_corrupted_argument_is_refused_before_anything_launches(no_drive
     # states, cu_seqlens may hold any number of sequences and the conv be of any width)
     lone_state = {"initial_states", "final_states"} - set(args)
     dtypes = {name: {"<f2", "<f4"} for name in ("initial_states", "final_states") if lone_state and name in args}
-    free_dims = {"initial_states": {0}, "final_states": {0}} if packed else {}
+    free_dims = {"initial_states": {0}, "final_states": {0}} if packing == "cu_seqlens" else {}
     if not {"initial_states", "final_states"} & set(args):
         free_dims.update(conv_weight={1}, cu_seqlens={0})
     aliased = corrupt_one_argument(data, args, FWD_WRITTEN, target, dtypes=dtypes, free_dims=free_dims,

@@ -388,7 +388,9 @@ OUTPUTS = ("dx", "ddt", "dA", "dB", "dC", "dD", "dz", "ddt_bias", "dinitial_stat
 EXEMPT = dict(free_dims={"workspace": {0}}, vectors=("x", "z", "B", "C", "dout", "dx", "dz", "workspace"))
 
 
-@pytest.mark.parametrize("target", corruption_targets([bwd_args(batch=1)], OUTPUTS, **EXEMPT), ids="-".join)
+@pytest.mark.parametrize("target", corruption_targets([bwd_args(batch=1)], OUTPUTS, **EXEMPT,
+                                                      least_elements={"workspace": workspace_elements(batch=1)}),
+                         ids="-".join)
 @given(data=st.data())
 @settings(max_examples=8, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])

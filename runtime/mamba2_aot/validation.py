@@ -118,10 +118,15 @@ def record_strides(params: dict, arr: DeviceArray, dims: tuple[str, ...]) -> Non
 
     Naming one dim fewer than the array has means the kernel assumes the last dim contiguous.
     """
-    if len(dims) < len(arr.shape) and arr.strides[-1] != 1 and arr.shape[-1] > 1:
+    if len(dims) < len(arr.shape):
+        expect_contiguous_last_dim(arr)
+    params.update(zip(stride_names(arr.name, *dims), arr.strides))
+
+
+def expect_contiguous_last_dim(arr: DeviceArray) -> None:
+    if arr.strides[-1] != 1 and arr.shape[-1] > 1:
         raise StrideError(arr.name, f"{arr.name}: the last dim must be contiguous (stride 1), got strides "
                           f"{arr.strides}")
-    params.update(zip(stride_names(arr.name, *dims), arr.strides))
 
 
 def vector_misfit(a: DeviceArray, width: int = 16) -> str | None:

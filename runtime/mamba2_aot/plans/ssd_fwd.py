@@ -101,9 +101,9 @@ from __future__ import annotations
 import math
 
 from ..errors import AlignmentError, InvalidArgumentError, ShapeError, StrideError
-from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_complete, expect_dim, expect_dt_limit,
-                          expect_dtype, expect_given, expect_int, expect_rank, expect_shape, null_absent,
-                          expect_state_blocks, record_strides, stride_names, vector_misfit)
+from ..validation import (GRID_YZ_MAX, BoundCall, expect_bool, expect_complete, expect_contiguous_last_dim,
+                          expect_dim, expect_dt_limit, expect_dtype, expect_given, expect_int, expect_rank,
+                          expect_shape, null_absent, expect_state_blocks, record_strides, stride_names, vector_misfit)
 from ..tensors import DeviceArray, as_device_array
 from .base import CompositePlan, StepPlan
 from .sequence_states import bind_cu_seqlens, bind_sequence_states, state_dtype
@@ -618,7 +618,9 @@ def expect_state_pairs(arr) -> None:
 
 
 def expect_vector_operand(arr) -> None:
-    """x, z, B, C (and out) move 16 bytes at a time: 16-byte aligned base, strides multiples of 8 elements."""
+    """x, z, B, C (and out) move 16 bytes at a time: a contiguous last dim, 16-byte aligned base, strides multiples
+    of 8 elements."""
+    expect_contiguous_last_dim(arr)
     misfit = vector_misfit(arr)
     if misfit == "pointer":
         raise AlignmentError(arr.name, f"{arr.name}: data pointer {arr.ptr:#x} must be 16-byte aligned")
