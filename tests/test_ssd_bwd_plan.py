@@ -262,6 +262,10 @@ def test_per_head_D_and_no_optional_gradients():
     ({"dz": fake_array(0x7f000008, (BATCH, L, H, P), "fp16")}, errors.AlignmentError, "dz", "16-byte aligned"),
     ({"dx": fake_array(0x7f000000, (BATCH, L, H, P), "fp16", strides=(L * H * 68, H * 68, 68, 1))},
      errors.StrideError, "dx", "multiples of 8"),
+    ({"dx": fake_array(0x7f000000, (BATCH, L, H, P), "fp16", strides=(L * H * P * 2, H * P * 2, P * 2, 2))},
+     errors.StrideError, "dx", "last dim must be contiguous"),   # (was named out, the forward's name for dx)
+    # a wrong z is z's error, not dz's (whose shape follows z)
+    ({"z": fake_array(0x7f000000, (BATCH, L, H, P + 8), "fp16")}, errors.ShapeError, "z", "of x"),
 ])
 def test_bad_input_is_refused_before_anything_launches(no_driver, over, error, argument, fragment):
     expect_refused("ssd_bwd", bwd_args(**over), error, argument, fragment)

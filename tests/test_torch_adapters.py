@@ -228,10 +228,13 @@ def test_a_drop_in_refuses_what_is_not_a_tensor_by_name(call, launches):
     assert not launches.calls
 
 
-@pytest.mark.parametrize("argument", ["x", "B"])
-def test_mamba_chunk_scan_combined_refuses_a_wrong_rank_before_reading_dims(argument, launches):
-    with pytest.raises(errors.ShapeError, match=f"^{argument}: expected \\(batch, seqlen") as info:
-        adapters.mamba_chunk_scan_combined(**_forward(**{argument: _forward()[argument][..., 0]}))
+@pytest.mark.parametrize("argument,value", [
+    ("x", torch.zeros(1, 8, 4, dtype=torch.bfloat16)), ("B", torch.zeros(1, 8, 1, dtype=torch.bfloat16)),
+    ("cu_seqlens", torch.tensor(8, dtype=torch.int32)), ("initial_states", torch.tensor(1.0))])
+def test_mamba_chunk_scan_combined_refuses_a_wrong_rank_before_reading_dims(argument, value, launches):
+    with pytest.raises(errors.ShapeError, match=f"^{argument}: expected \\(") as info:
+        adapters.mamba_chunk_scan_combined(**_forward(**{"cu_seqlens": torch.tensor([0, 8], dtype=torch.int32),
+                                                          argument: value}), return_varlen_states=True)
     assert info.value.argument == argument and not launches.calls
 
 

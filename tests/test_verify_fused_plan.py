@@ -13,7 +13,7 @@ from mamba2_aot.tensors import as_device_array
 from mamba2_aot.validation import check_call
 from runtime_fakes import (FakeDLPack, corrupt_one_argument, corruption_targets, expect_refusal_names,  # noqa: F401
                            expect_refused, expect_valid_call, fake_array, no_driver)  # (no_driver: a fixture)
-from test_verify_plan import BATCH, CAP, G, H, MB, N, P, SLOTS, T, verify_args
+from test_verify_plan import BATCH, CAP, G, H, MB, MODES, N, P, SLOTS, T, verify_args
 
 TICKETS = (SLOTS, G + 1)   # the fused call's arrival counters: one per (slot, group), then one per slot
 
@@ -391,7 +391,6 @@ def test_plan_limits_are_the_kernels():
     assert conv_verify_plan.CHANNELS_PER_CTA == conv1d_verify.CHANNELS_PER_CTA
 
 
-MODES = ("update", "snapshot", "compact")
 FUSED_WRITTEN = ("out", "state", "rejected", "conv_state", "tickets", "window_count", "window_x", "window_B",
                  "window_dt") + CONV_WINDOW   # (by any mode)
 

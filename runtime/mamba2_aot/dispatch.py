@@ -502,7 +502,7 @@ def list_variants(family: str | None = None) -> list[dict]:
     rows = []
     catalog = manifest.catalog()
     if catalog.problems and not catalog.manifests:
-        raise catalog.problems[0].error
+        raise catalog.problems[0].error.with_traceback(None)   # (one stored error: its traceback would grow)
     for problem in catalog.problems:
         warnings.warn(f"mamba2_aot cubins at {problem.where} not read: {problem.error}", RuntimeWarning, stacklevel=2)
     for m in catalog.manifests:

@@ -14,8 +14,8 @@ them; for CUDA-graph capture call ``mamba2_aot.preload()`` first (kernels are lo
 Importing this module needs torch; the rest of the package never imports it. Errors are the runtime's typed
 errors (``mamba2_aot.errors``), raised before anything is launched and naming the drop-in's own arguments (the conv
 ops' shapes as the caller passed them, or said to be the transposed view's); under ``torch.compile(fullgraph=True)``
-those raised in Python before the ops (a wrong rank or form, an option) come as the compiler's Unsupported
-(docs/RUNTIME.md lists them).
+those raised in Python before the ops (an argument not a tensor, a wrong rank or form, an option) come as the
+compiler's Unsupported (docs/RUNTIME.md lists them).
 ``mamba_chunk_scan_combined`` is differentiable: its backward is the custom op ``mamba2_aot::ssd_bwd`` (the
 ``ssd_bwd`` kernels; bitwise reproducible gradients). Not yet: ``return_final_states`` together with ``seq_idx``
 (pass ``cu_seqlens``).
@@ -192,8 +192,13 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     _expect_tensors(x=x, dt=dt, A=A, B=B, C=C)
     _expect_optional_tensors(D=D, z=z, dt_bias=dt_bias, initial_states=initial_states, seq_idx=seq_idx,
                              cu_seqlens=cu_seqlens)
-    _expect_rank("x", x, {4: "(batch, seqlen, nheads, headdim)"})   # (their dims size the outputs)
+    # (their dims are read here: they size the outputs, count the sequences)
+    _expect_rank("x", x, {4: "(batch, seqlen, nheads, headdim)"})
     _expect_rank("B", B, {4: "(batch, seqlen, ngroups, d_state)"})
+    if cu_seqlens is not None:
+        _expect_rank("cu_seqlens", cu_seqlens, {1: "(num_seqs + 1,)"})
+    if initial_states is not None:
+        _expect_rank("initial_states", initial_states, {4: "(batch or num_seqs, nheads, headdim, d_state)"})
     if return_varlen_states and cu_seqlens is None:
         raise InvalidArgumentError("cu_seqlens", "cu_seqlens: required with return_varlen_states=True")
     varlen_dtype = C.dtype if state_dtype is None else state_dtype

@@ -316,7 +316,11 @@ class SsdBackwardPlan(CompositePlan):
         fp = forward.params
         nblocks = -(-seqlen // BLOCK)
 
-        # the gradients' shapes follow their inputs'
+        # the gradients' shapes follow their inputs' (z first: the forward's recompute does not read it)
+        if z is not None:
+            expect_dtype(z, (io,))
+            expect_shape(z, x.shape, "(batch, seqlen, nheads, headdim) of x")
+            expect_vector_operand(z)
         for name, grad, source in (("dz", dz, z), ("dD", dD, D), ("ddt_bias", ddt_bias, dt_bias)):
             if grad is not None and source is None:
                 raise InvalidArgumentError(name, f"{name}: given without {name[1:]}")
@@ -329,10 +333,6 @@ class SsdBackwardPlan(CompositePlan):
         for moved_in_vectors in (dout, dz):
             if moved_in_vectors is not None:
                 expect_vector_operand(moved_in_vectors)
-        if z is not None:
-            expect_dtype(z, (io,))
-            expect_shape(z, x.shape, "(batch, seqlen, nheads, headdim) of x")
-            expect_vector_operand(z)
         expect_dtype(dA, ("fp32",))
         expect_shape(dA, (nheads,), "(nheads,)")
         if dD is not None:
