@@ -569,8 +569,13 @@ def test_list_variants_reports_a_cubin_source_it_could_not_read(fake_runtime, tm
         assert len(runtime.list_variants("ssd_chunk_cumsum")) == 4
     monkeypatch.setenv(manifest.ENV_CUBIN_DIR, str(tmp_path / "nowhere"))
     manifest.catalog(refresh=True)
-    with pytest.raises(CubinNotInstalledError, match="nowhere holds no manifest.json"):
-        runtime.list_variants()
+    depths = []
+    for call in (runtime.list_variants, runtime.list_variants, lambda: manifest.catalog().for_capability((9, 0)),
+                 lambda: manifest.catalog().for_capability((9, 0))):
+        with pytest.raises(CubinNotInstalledError, match="nowhere holds no manifest.json") as info:
+            call()
+        depths.append(len(info.traceback))
+    assert depths[0] == depths[1] and depths[2] == depths[3]   # (one stored error raised again: no growing traceback)
 
 
 def test_fake_driver_matches_real_driver_interface():

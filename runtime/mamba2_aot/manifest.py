@@ -348,7 +348,7 @@ class Catalog:
         wanted = {package_name(cc)} | ({PACKAGE_PREFIX + short} if short else set())
         for problem in self.problems:
             if problem.package is None or problem.package in wanted:
-                raise problem.error
+                raise problem.error.with_traceback(None)   # (one stored error: its traceback would grow)
         installed = ", ".join(f"{m.package} ({m.arch})" for m in self.manifests) or "none"
         raise CubinNotInstalledError(
             f"no mamba2_aot cubins for {arch_name(cc)} (compute capability {cc[0]}.{cc[1]}) are installed "
