@@ -253,18 +253,16 @@ def _fp32(t):
 
 
 def _rows_of_vectors(t):
-    """``t`` itself when the kernels can read it with 16-byte vectors (``plans.ssd_fwd.expect_vector_operand``, and
-    a contiguous last dim), else a contiguous copy (as state-spaces/mamba copies a tensor whose last dim is
+    """``t`` itself when the kernels can read it with 16-byte vectors (``plans.ssd_fwd.expect_vector_operand``: a
+    contiguous last dim among them), else a contiguous copy (as state-spaces/mamba copies a tensor whose last dim is
     strided)."""
     if t is None:
         return None
     try:
-        if t.stride(-1) == 1:
-            expect_vector_operand(as_device_array(t, "t"))
-            return t
+        expect_vector_operand(as_device_array(t, "t"))
+        return t
     except InvalidArgumentError:
-        pass
-    return t.contiguous()
+        return t.contiguous()
 
 
 def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,

@@ -124,6 +124,7 @@ def record_strides(params: dict, arr: DeviceArray, dims: tuple[str, ...]) -> Non
 
 
 def expect_contiguous_last_dim(arr: DeviceArray) -> None:
+    """A StrideError unless ``arr``'s last dim is contiguous (or has one element)."""
     if arr.strides[-1] != 1 and arr.shape[-1] > 1:
         raise StrideError(arr.name, f"{arr.name}: the last dim must be contiguous (stride 1), got strides "
                           f"{arr.strides}")
