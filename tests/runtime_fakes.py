@@ -67,9 +67,15 @@ def fake_array(ptr, shape, dtype="fp32", strides=None):
     return FakeCAI(ptr, shape, typestr, tuple(s * itemsize for s in strides))
 
 
-
 def _cai(arr) -> dict:
     return arr.__cuda_array_interface__
+
+
+def _arrays(args: dict, *, nonempty: bool = False) -> list:
+    """The names of a call's array arguments (with ``nonempty``: those holding an element, which a kernel may
+    dereference)."""
+    return sorted(k for k, v in args.items() if hasattr(v, "__cuda_array_interface__")
+                  and not (nonempty and 0 in _cai(v)["shape"]))
 
 
 def corruption_kinds(args: dict, name: str, outputs, *, free_dims=None, least_elements=None, vectors=()) -> list:
@@ -84,7 +90,7 @@ def corruption_kinds(args: dict, name: str, outputs, *, free_dims=None, least_el
     shape = _cai(args[name])["shape"]
     kinds = ["dtype"] + (["dim"] if set(range(len(shape))) - set(free_dims.get(name, ())) else []) + ["rank"]
     kinds += ["readonly"] if name in outputs else []
-    if 0 not in shape:
+    if name in _arrays(args, nonempty=True):
         kinds += ["null", "misaligned"] + (["unaligned", "padded"] if name in vectors else [])
         kinds += ["alias"] + (["broadcast"] if max(shape) > 1 else []) if name in outputs else []
     return kinds + (["short"] if least_elements.get(name) else [])
@@ -93,7 +99,7 @@ def corruption_kinds(args: dict, name: str, outputs, *, free_dims=None, least_el
 def corruption_targets(calls, outputs, **exemptions) -> list:
     """Every (argument, kind) :func:`corruption_kinds` gives for any of the valid ``calls``: what a property test
     parametrizes over, so that no pair goes undrawn (hypothesis' draws, derandomized, skip many)."""
-    return sorted({(name, kind) for args in calls for name in args if hasattr(args[name], "__cuda_array_interface__")
+    return sorted({(name, kind) for args in calls for name in _arrays(args)
                    for kind in corruption_kinds(args, name, outputs, **exemptions)})
 
 
@@ -132,9 +138,8 @@ def corrupt_one_argument(data, args: dict, outputs, target: tuple, *, dtypes=Non
         outer = next(d for d in range(len(shape)) if shape[d] > 1 or d == len(shape) - 1)
         strides[outer] += 1
     elif kind == "alias":
-        others = [k for k, v in args.items() if hasattr(v, "__cuda_array_interface__") and k != name
-                  and 0 not in _cai(v)["shape"] and {k, name} not in [set(pair) for pair in in_place]]
-        aliased = data.draw(st.sampled_from(sorted(others)), label="aliased")
+        others = [k for k in _arrays(args, nonempty=True) if k != name and {k, name} not in map(set, in_place)]
+        aliased = data.draw(st.sampled_from(others), label="aliased")
         ptr = _cai(args[aliased])["data"][0]
     elif kind == "broadcast":
         strides[data.draw(st.sampled_from([d for d in range(len(shape)) if shape[d] > 1]), label="dim")] = 0
@@ -145,9 +150,13 @@ def corrupt_one_argument(data, args: dict, outputs, target: tuple, *, dtypes=Non
     return aliased
 
 
-def expect_refusal_names(info, target: tuple, aliased) -> None:
-    """A corrupted call's refusal (pytest's ``info``) names the argument made wrong where nothing else can be (an
-    alias: either of the pair). A wrong dtype, dim or rank may be named by another argument that must match it."""
+def expect_corrupted_call_refused(family: str, args: dict, target: tuple, aliased) -> None:
+    """``launch(family, **args)``, made wrong by :func:`corrupt_one_argument`, is a typed refusal naming one of the
+    call's arguments: the one made wrong where nothing else can be (an alias: either of the pair); a wrong dtype, dim
+    or rank may be named by another argument that must match it. (Use with the ``no_driver`` fixture.)"""
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        dispatch.launch(family, stream=0, **args)
+    assert info.value.argument in args
     name, kind = target
     if kind == "alias":
         assert info.value.argument in (name, aliased)
