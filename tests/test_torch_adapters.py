@@ -117,13 +117,9 @@ def test_decode_takes_model_dtypes_and_int64_indices(launches):
 def test_int64_slots_and_offsets_saturate_and_seq_idx_labels_stay_apart(launches):
     """Slot 2^32 + 1 is past any pool (a padding row), not slot 1; -2^32 is padding, not slot 0; a cu_seqlens entry
     2^33 stays past L. seq_idx labels 3e9 and 3e9 + 1 stay two sequences (clamping would merge them)."""
-    H, P, N = 4, 64, 16
     big = torch.tensor([2**32 + 1, -2**32])
     saturated = [2**31 - 1, -2**31]
-    adapters.selective_state_update(torch.zeros(3, H, P, N), torch.zeros(2, H, P, dtype=torch.bfloat16),
-                                    torch.zeros(2, H, dtype=torch.bfloat16), -torch.ones(H),
-                                    torch.zeros(2, N, dtype=torch.bfloat16), torch.zeros(2, N, dtype=torch.bfloat16),
-                                    state_batch_indices=big)
+    _decode_with_slots(big)
     adapters.causal_conv1d_update(torch.zeros(2, 16), torch.zeros(3, 16, 3), torch.ones(16, 4),
                                   conv_state_indices=big)
     adapters.mamba_chunk_scan_combined(**_forward(cu_seqlens=torch.tensor([0, 3, 2**33])), return_varlen_states=True)
@@ -142,17 +138,22 @@ def test_int64_slots_and_offsets_saturate_and_seq_idx_labels_stay_apart(launches
 def test_unsigned_slots_and_offsets_saturate(launches, dtype, big):
     """Unsigned slots past int32 stay past any pool (uint32's would wrap negative, uint64's onto slot 1), and a
     cu_seqlens entry past int32 stays past L."""
-    H, P, N = 4, 64, 16
     indices = torch.tensor(big, dtype=torch.int64).to(dtype) if dtype == torch.uint32 else _uint64(big)
-    adapters.selective_state_update(torch.zeros(3, H, P, N), torch.zeros(2, H, P, dtype=torch.bfloat16),
-                                    torch.zeros(2, H, dtype=torch.bfloat16), -torch.ones(H),
-                                    torch.zeros(2, N, dtype=torch.bfloat16), torch.zeros(2, N, dtype=torch.bfloat16),
-                                    state_batch_indices=indices)
+    _decode_with_slots(indices)
     cu_seqlens = torch.cat([torch.tensor([0, 3], dtype=torch.int64).to(dtype), indices[1:]])
     adapters.mamba_chunk_scan_combined(**_forward(cu_seqlens=cu_seqlens), return_varlen_states=True)
     (_, ssm), (_, by_cu) = launches.calls
     assert ssm["state_indices"].tolist() == [2**31 - 1] * 2
     assert by_cu["cu_seqlens"].tolist() == [0, 3, 2**31 - 1]
+
+
+def _decode_with_slots(state_batch_indices: torch.Tensor) -> None:
+    """A two-row selective_state_update on a three-slot pool, rows sent to ``state_batch_indices``."""
+    H, P, N = 4, 64, 16
+    bf16 = dict(dtype=torch.bfloat16)
+    adapters.selective_state_update(torch.zeros(3, H, P, N), torch.zeros(2, H, P, **bf16), torch.zeros(2, H, **bf16),
+                                    -torch.ones(H), torch.zeros(2, N, **bf16), torch.zeros(2, N, **bf16),
+                                    state_batch_indices=state_batch_indices)
 
 
 def _uint64(values: list[int]) -> torch.Tensor:
