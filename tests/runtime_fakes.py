@@ -78,20 +78,26 @@ def _arrays(args: dict, *, nonempty: bool = False) -> list:
                   and not (nonempty and 0 in _cai(v)["shape"]))
 
 
-def corruption_kinds(args: dict, name: str, outputs, *, free_dims=None, least_elements=None, vectors=()) -> list:
+def corruption_kinds(args: dict, name: str, outputs, *, free_dims=None, least_elements=None, vectors=(), blocks=(),
+                     free_last_stride=()) -> list:
     """The kinds of wrong :func:`corrupt_one_argument` can make of array ``name`` of the valid call ``args``:
     ``dtype`` (a dtype it does not take), ``dim`` (a dim off by one, but not one of ``free_dims[name]``), ``rank``
     (a trailing dim of 1 more), ``readonly`` (an output); for a non-empty array (an empty one is never dereferenced)
     ``null`` (at address 0), ``misaligned`` (a byte off), ``unaligned`` and ``padded`` (for ``vectors``, arrays
-    moved 16 bytes at a time: an element off, and its outermost stride one element longer), ``alias`` (an output at
-    another argument's address), ``broadcast`` (an output with stride 0 along a dim of more than one element);
-    ``short`` (an argument of ``least_elements``, 1-D, one element short of that)."""
+    moved 16 bytes at a time: an element off, and its outermost stride one element longer), ``strided`` (every
+    other element of a last dim of more than one, unless the kernels take any stride there: ``free_last_stride``),
+    ``gapped`` (for ``blocks``, arrays of contiguous headdim × d_state blocks: each block row 16 bytes longer, so
+    that only the block rule is broken), ``alias`` (an output at another argument's address), ``broadcast`` (an
+    output with stride 0 along a dim of more than one element); ``short`` (an argument of ``least_elements``, 1-D,
+    one element short of that)."""
     free_dims, least_elements = free_dims or {}, least_elements or {}
     shape = _cai(args[name])["shape"]
     kinds = ["dtype"] + (["dim"] if set(range(len(shape))) - set(free_dims.get(name, ())) else []) + ["rank"]
     kinds += ["readonly"] if name in outputs else []
     if name in _arrays(args, nonempty=True):
         kinds += ["null", "misaligned"] + (["unaligned", "padded"] if name in vectors else [])
+        kinds += ["strided"] if shape[-1] > 1 and name not in free_last_stride else []
+        kinds += ["gapped"] if name in blocks and shape[-2] > 1 else []
         kinds += ["alias"] + (["broadcast"] if max(shape) > 1 else []) if name in outputs else []
     return kinds + (["short"] if least_elements.get(name) else [])
 
@@ -104,7 +110,7 @@ def corruption_targets(calls, outputs, **exemptions) -> list:
 
 
 def corrupt_one_argument(data, args: dict, outputs, target: tuple, *, dtypes=None, free_dims=None,
-                         least_elements=None, vectors=(), in_place=()):
+                         least_elements=None, vectors=(), blocks=(), free_last_stride=(), in_place=()):
     """Make argument ``target[0]`` of a valid call of FakeCAI arrays wrong in the way ``target[1]`` names
     (:func:`corruption_kinds`), its details drawn with hypothesis' ``data``; an example whose call cannot be made
     wrong that way (an empty array, a dim the call leaves free) is rejected. ``dtypes`` maps an argument to the
@@ -115,7 +121,8 @@ def corrupt_one_argument(data, args: dict, outputs, target: tuple, *, dtypes=Non
     name, kind = target
     free_dims = free_dims or {}
     assume(name in args and kind in corruption_kinds(args, name, outputs, free_dims=free_dims,
-                                                     least_elements=least_elements, vectors=vectors))
+                                                     least_elements=least_elements, vectors=vectors, blocks=blocks,
+                                                     free_last_stride=free_last_stride))
     ptr, readonly = _cai(args[name])["data"]
     shape, typestr, aliased = list(_cai(args[name])["shape"]), _cai(args[name])["typestr"], None
     strides = list(contiguous(shape))
@@ -137,6 +144,10 @@ def corrupt_one_argument(data, args: dict, outputs, target: tuple, *, dtypes=Non
     elif kind == "padded":
         outer = next(d for d in range(len(shape)) if shape[d] > 1 or d == len(shape) - 1)
         strides[outer] += 1
+    elif kind == "strided":
+        strides = [2 * s for s in strides]
+    elif kind == "gapped":
+        strides = list(contiguous(shape[:-1] + [shape[-1] + 16 // int(typestr[2:])]))
     elif kind == "alias":
         others = [k for k in _arrays(args, nonempty=True) if k != name and {k, name} not in map(set, in_place)]
         aliased = data.draw(st.sampled_from(others), label="aliased")

@@ -364,10 +364,12 @@ PACKINGS = {"rows": lambda: fwd_args(), "cu_seqlens": lambda: packed_args(),
             # (no conv states with seq_idx)
             "seq_idx": lambda: {k: v for k, v in fwd_args(seq_idx=fake_array(ELSEWHERE, (BATCH, L), "int32")).items()
                                 if k not in STATE_ARRAYS}}
+# (the kernel takes any stride along the last dim of every array)
+ANY_LAST_STRIDE = tuple({name for make in PACKINGS.values() for name in make()})
 
 
-@pytest.mark.parametrize("target", corruption_targets([make() for make in PACKINGS.values()], FWD_WRITTEN),
-                         ids="-".join)
+@pytest.mark.parametrize("target", corruption_targets([make() for make in PACKINGS.values()], FWD_WRITTEN,
+                                                      free_last_stride=ANY_LAST_STRIDE), ids="-".join)
 @given(data=st.data())
 @settings(max_examples=8, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -390,5 +392,5 @@ def test_any_one_corrupted_argument_is_refused_before_anything_launches(no_drive
     if not {"initial_states", "final_states"} & set(args):
         free_dims.update(conv_weight={1}, cu_seqlens={0})
     aliased = corrupt_one_argument(data, args, FWD_WRITTEN, target, dtypes=dtypes, free_dims=free_dims,
-                                   in_place=[("initial_states", "final_states")])
+                                   in_place=[("initial_states", "final_states")], free_last_stride=ANY_LAST_STRIDE)
     expect_corrupted_call_refused("conv1d_fwd", args, target, aliased)

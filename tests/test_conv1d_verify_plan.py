@@ -263,10 +263,12 @@ def test_unknown_keyword_names_it(no_driver):  # noqa: F811
 
 MODES = ("update", "snapshot", "compact")
 CONV_WRITTEN = ("out", "conv_state", "rejected", "conv_window_count", "conv_window_xBC", "tickets")  # (by any mode)
+# (the kernel takes any stride along the last dim of every array)
+ANY_LAST_STRIDE = tuple({name for mode in MODES for name in conv_args(mode)})
 
 
-@pytest.mark.parametrize("target", corruption_targets([conv_args(mode) for mode in MODES], CONV_WRITTEN),
-                         ids="-".join)
+@pytest.mark.parametrize("target", corruption_targets([conv_args(mode) for mode in MODES], CONV_WRITTEN,
+                                                      free_last_stride=ANY_LAST_STRIDE), ids="-".join)
 @given(data=st.data())
 @settings(max_examples=8, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -283,5 +285,6 @@ def test_any_one_corrupted_argument_is_refused_before_anything_launches(no_drive
     # (a pool may be fp32 or in the I/O dtype; without window records, it may have any number of slots; the window
     # record's capacity is its own)
     aliased = corrupt_one_argument(data, args, CONV_WRITTEN, target, dtypes={"conv_state": {"<f2"}},
-                                   free_dims={"conv_state": {0}} if mode != "compact" else {"conv_window_xBC": {1}})
+                                   free_dims={"conv_state": {0}} if mode != "compact" else {"conv_window_xBC": {1}},
+                                   free_last_stride=ANY_LAST_STRIDE)
     expect_corrupted_call_refused("conv1d_verify", args, target, aliased)

@@ -387,8 +387,11 @@ OPTIONAL_PAIRS = (("z", "dz"), ("D", "dD"), ("dt_bias", "ddt_bias"), ("initial_s
                   ("dinitial_states",))
 OUTPUTS = ("dx", "ddt", "dA", "dB", "dC", "dD", "dz", "ddt_bias", "dinitial_states", "workspace")
 # (initial states may be in fp32, bf16 or fp16, a pool's dtypes; a workspace may be larger than it needs; x, z, B,
-# C, dout, dx, dz and the workspace move 16 bytes at a time)
-EXEMPT = dict(free_dims={"workspace": {0}}, vectors=("x", "z", "B", "C", "dout", "dx", "dz", "workspace"))
+# C, dout, dx, dz and the workspace move 16 bytes at a time; the states and their gradients are headdim × d_state
+# blocks; the kernels take any stride along the last dim of the per-head vectors and of dt, ddt)
+EXEMPT = dict(free_dims={"workspace": {0}}, vectors=("x", "z", "B", "C", "dout", "dx", "dz", "workspace"),
+              blocks=("initial_states", "dfinal_states", "dinitial_states"),
+              free_last_stride=("A", "D", "dA", "dD", "dt", "ddt", "dt_bias", "ddt_bias"))
 
 
 @pytest.mark.parametrize("target", corruption_targets([bwd_args(batch=1)], OUTPUTS, **EXEMPT,

@@ -95,6 +95,8 @@ BAD = [
     ({"seq_idx": fake_array(0x70000000, (BATCH, L), "int32")}, errors.ShapeError, "x",
      "per-sequence states with seq_idx need batch == 1"),
     ({"cu_seqlens": fake_array(0x70000000, (3,), "int32")}, errors.ShapeError, "x", "needs batch == 1"),
+    ({"seq_idx": fake_array(0x70000000, (1, L), "int32"), "cu_seqlens": fake_array(0x74000000, (3,), "int32")},
+     errors.InvalidArgumentError, "seq_idx", "not both"),
     ({"initial_state_indices": fake_array(0x70000000, (BATCH,), "int32"), "initial_states": None},
      errors.InvalidArgumentError, "initial_state_indices", "given without initial_states"),
     ({"D": fake_array(0x70000000, (H, P + 1), "fp32")}, errors.ShapeError, "D", "(nheads,) or (nheads, headdim)"),
@@ -591,8 +593,11 @@ def test_strided_views_bind_exactly_or_name_the_misaligned_operand(case):
 
 SSD_OPTIONS = ("z", "D", "dt_bias", "initial_states", "final_states", "chunk_states", "workspace", "seq_idx")
 SSD_WRITTEN = ("out", "final_states", "chunk_states", "workspace")
-# (a workspace may be any size; x, z, B, C, out and the workspace move 16 bytes at a time, chunk_states 8)
-SSD_EXEMPT = dict(free_dims={"workspace": {0}}, vectors=("x", "z", "B", "C", "out", "workspace", "chunk_states"))
+# (a workspace may be any size; x, z, B, C, out and the workspace move 16 bytes at a time, chunk_states 8; the states
+# are headdim × d_state blocks; the kernels take any stride along the last dim of A, D, dt, dt_bias and seq_idx)
+SSD_EXEMPT = dict(free_dims={"workspace": {0}}, vectors=("x", "z", "B", "C", "out", "workspace", "chunk_states"),
+                  blocks=("initial_states", "final_states", "chunk_states"),
+                  free_last_stride=("A", "D", "dt", "dt_bias", "seq_idx"))
 
 
 def ssd_options_args(chunk_size: int) -> dict:

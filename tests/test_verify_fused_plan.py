@@ -14,7 +14,7 @@ from mamba2_aot.validation import check_call
 from runtime_fakes import (FakeDLPack, corrupt_one_argument, corruption_targets,  # noqa: F401
                            expect_corrupted_call_refused, expect_refused, expect_valid_call, fake_array,
                            no_driver)  # (no_driver: a fixture)
-from test_verify_plan import BATCH, CAP, G, H, MB, MODES, N, P, SLOTS, T, verify_args
+from test_verify_plan import BATCH, CAP, G, H, MB, MODES, N, P, SLOTS, T, VERIFY_EXEMPT, verify_args
 
 TICKETS = (SLOTS, G + 1)   # the fused call's arrival counters: one per (slot, group), then one per slot
 
@@ -394,10 +394,13 @@ def test_plan_limits_are_the_kernels():
 
 FUSED_WRITTEN = ("out", "state", "rejected", "conv_state", "tickets", "window_count", "window_x", "window_B",
                  "window_dt") + CONV_WINDOW   # (by any mode)
+# (verify's rules, and the conv kernels take any stride along the last dim of their arrays)
+FUSED_EXEMPT = dict(VERIFY_EXEMPT, free_last_stride=VERIFY_EXEMPT["free_last_stride"] + CONV_WINDOW
+                    + ("xBC", "conv_state", "conv_weight", "conv_bias", "tickets"))
 
 
 @pytest.mark.parametrize("target", corruption_targets([fused_args(mode, conv_pool="fp32") for mode in MODES],
-                                                      FUSED_WRITTEN, vectors=("state",)), ids="-".join)
+                                                      FUSED_WRITTEN, **FUSED_EXEMPT), ids="-".join)
 @given(data=st.data())
 @settings(max_examples=8, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -412,7 +415,7 @@ def test_any_one_corrupted_argument_is_refused_before_anything_launches(no_drive
         if target[0] != name and data.draw(st.booleans(), label=f"drop {name}"):
             del args[name]
     expect_valid_call("verify", args)
-    # (either pool may be fp32 or in the I/O dtype; the SSM pool's rows move 16 bytes at a time)
-    aliased = corrupt_one_argument(data, args, FUSED_WRITTEN, target, vectors=("state",),
+    # (either pool may be fp32 or in the I/O dtype)
+    aliased = corrupt_one_argument(data, args, FUSED_WRITTEN, target, **FUSED_EXEMPT,
                                    dtypes={"state": {"<f2"}, "conv_state": {"<f2", "<f4"}})
     expect_corrupted_call_refused("verify", args, target, aliased)

@@ -179,6 +179,11 @@ def test_plans_name_the_kernels_parameters_in_order():
 
 MODES = ("update", "snapshot", "compact")
 VERIFY_WRITTEN = ("out", "state", "rejected", "window_count", "window_x", "window_B", "window_dt")  # (by any mode)
+# (the pool's rows move 16 bytes at a time, in headdim × d_state blocks; the kernels take any stride along the last
+# dim of the per-head vectors, dt, the indices and the window's dt and counts)
+VERIFY_EXEMPT = dict(vectors=("state",), blocks=("state",),
+                     free_last_stride=("A", "D", "dt", "dt_bias", "state_indices", "snapshot_indices", "num_accepted",
+                                       "window_count", "window_dt"))
 
 
 def verify_options_args(mode: str, D_shape=(H, P)) -> dict:
@@ -186,7 +191,7 @@ def verify_options_args(mode: str, D_shape=(H, P)) -> dict:
 
 
 @pytest.mark.parametrize("target", corruption_targets([verify_options_args(mode) for mode in MODES], VERIFY_WRITTEN,
-                                                      vectors=("state",)), ids="-".join)
+                                                      **VERIFY_EXEMPT), ids="-".join)
 @given(data=st.data())
 @settings(max_examples=8, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -200,8 +205,7 @@ def test_any_one_corrupted_argument_is_refused_before_anything_launches(no_drive
         if target[0] != name and data.draw(st.booleans(), label=f"drop {name}"):
             del args[name]
     expect_valid_call("verify", args)
-    # (a pool may be fp32, bf16 or fp16; without window records, it may have any number of slots; its rows move 16
-    # bytes at a time)
+    # (a pool may be fp32, bf16 or fp16; without window records, it may have any number of slots)
     aliased = corrupt_one_argument(data, args, VERIFY_WRITTEN, target, dtypes={"state": {"<f2"}},
-                                   free_dims={"state": {0}} if mode != "compact" else {}, vectors=("state",))
+                                   free_dims={"state": {0}} if mode != "compact" else {}, **VERIFY_EXEMPT)
     expect_corrupted_call_refused("verify", args, target, aliased)
