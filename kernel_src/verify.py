@@ -146,15 +146,16 @@ class Verify:
         # and fused calls a later pass reads what the last one writes (the window rows, the staged conv rows)
         self.splittable = self.decodes and self.row_passes > 1
         self.block = (self.num_warps * WARP, 1, 1)
-        # 3 CTAs per SM cap a thread at 80 registers; the compact fold, lanes with 8 columns (N = 256: twice
-        # the B and C values in flight) and the fused conv (its address arithmetic) need more and get 2. So do,
-        # as the build's spill check found them (the next tile's staging addresses are live across the token
-        # loop, a decode's inputs across the state loads), lanes with 8 rows (N = 64), snapshots rounded to a
-        # 16-bit pool, and fp32 I/O from P64 N128.
+        # 3 CTAs per SM cap a thread at 80 registers; the compact fold and lanes with 8 columns (N = 256: twice
+        # the B and C values in flight) need more and get 2. So do, as the build's spill check found them (the
+        # next tile's staging addresses are live across the token loop, a decode's inputs across the state
+        # loads), lanes with 8 rows (N = 64), snapshots rounded to a 16-bit pool, and fp32 I/O from P64 N128.
+        # The fused conv's update and snapshot fit 80 registers (a variant that spills there is built at 2:
+        # min_ctas_floor), and at 2 CTAs per SM they ran 1.5x the pair's time at batch >= 8.
         tight_snapshots = mode == "snapshot" and pool_dtype != "fp32"
         wide_io = io_dtype == "fp32" and headdim * d_state >= 64 * 128
-        wide = (mode == "compact" or self.cols_per_lane > 4 or self.rows_per_warp >= 8 or self.fused
-                or tight_snapshots or wide_io)
+        wide = (mode == "compact" or self.cols_per_lane > 4 or self.rows_per_warp >= 8 or tight_snapshots
+                or wide_io)
         self.min_ctas_per_sm = 2 if wide else 3
         # a lane's columns are one vector access: the runtime checks the pool's base alignment (bytes)
         self.state_align = min(16, self.cols_per_lane * {"fp32": 4, "bf16": 2, "fp16": 2}[pool_dtype])
