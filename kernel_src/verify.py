@@ -47,7 +47,6 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync
-from cutlass.experimental.primitives import cp_async_bulk_prefetch
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
 from kernel_src.conv_window import ConvViews, last_arrival, stage_rows, walk_channel
@@ -356,9 +355,6 @@ class Verify:
         first_pass, splits = split * self.row_passes, Int32(1)
         if cutlass.const_expr(self.splittable):
             first_pass, splits = split, a.row_splits
-        if cutlass.const_expr(self.prefetches_later_passes):
-            if valid != 0:
-                self._prefetch_later_passes(state, slot, h, first_pass, splits, tid)
         # The first tiles of every pass: the token rows and, in compact mode, the pending window's rows.
         first_tiles = (Tile(token_inputs, (dt, b, h), tokens, 0, cute.math.min(T, STAGED_ROWS)),)
         if cutlass.const_expr(compact):
@@ -455,32 +451,6 @@ class Verify:
         if cutlass.const_expr(self.fused):
             if valid != 0 and split == 0:
                 self._conv_bookkeeping(a, cv, flag, b, slot, conv_folds, h, g, tid)
-
-    @property
-    def prefetches_later_passes(self):
-        """Whether a CTA of several row passes prefetches the later passes' state rows (bulk L2 prefetches: from
-        sm_90 on; set target_arch first)."""
-        assert self.target_arch is not None, "verify's prefetches follow the target: set target_arch first"
-        return self.row_passes > 1 and self.target_arch != "sm_80"
-
-    @cute.jit
-    def _prefetch_later_passes(self, state, slot, h, first_pass, splits, tid):
-        """The state rows of this CTA's passes after its first into L2 at the CTA's start, one bulk prefetch a pass
-        (thread nth issues the nth's): a later pass loads its rows once the pass before it is done, and they would
-        otherwise wait on HBM then. Each span is trimmed to the whole 16-byte units inside its rows (a 16-bit pool's
-        head block may start 8 bytes into one)."""
-        rows = self.num_warps * self.rows_per_warp   # a pass's rows, contiguous in the (slot, head) block
-        pool_type = cutlass_dtype(self.pool_dtype)
-        span = rows * self.d_state * pool_type.width // 8
-        for nth in cutlass.range_constexpr(1, self.row_passes):
-            row_pass = first_pass + nth * splits
-            if row_pass < self.row_passes:
-                if tid == nth:
-                    start = state[slot, h, row_pass * rows, None].iterator.toint()
-                    first = (start + 15) & ~15
-                    end = (start + span) & ~15
-                    cp_async_bulk_prefetch(cute.make_ptr(pool_type, first, cute.AddressSpace.gmem, assumed_align=16),
-                                           Int32(end - first))
 
     def _token_buffers(self, io_type):
         """Registers for one token's inputs: x (R; Δ·x in fp32 when the tiles hold it), B (V), C (V)."""
