@@ -198,18 +198,25 @@ def _tap(cv: ConvViews, b: Int32, slot: Int32, valid: Int32, folds: Int32, c: In
 
 
 @cute.jit
-def last_arrival(ticket, arrivals: Int32, flag, tid: Int32) -> Int32:
-    """1 in every thread of the CTA that arrives last among the ``arrivals`` CTAs sharing ``ticket`` (an int32
-    pointer to a zero counter), else 0. The last CTA resets the counter to zero for the next call.
-
-    What the CTAs of one request share in place (a conv window read by every head, a window count) is
-    written only by the last one to arrive, after every CTA's reads: each CTA fences its reads before it
-    takes a ticket, and the last one fences before it writes. ``flag`` is one Int32 of shared memory.
-    """
-    cute.arch.fence_acq_rel_gpu()
+def take_ticket(ticket, tid: Int32) -> Int32:
+    """This CTA's arrival at ``ticket`` (an int32 pointer to a counter that starts at zero): the counter's value
+    before it, in thread 0 (0 elsewhere). Only reads of what the last CTA writes may precede it: their values are
+    in hand after the barrier, and thread 0's release orders every thread's accesses before the barrier ahead of
+    the arrival (as CUTLASS's barriers arrive). No thread waits for its own stores, and thread 0 does not wait for
+    the count: :func:`settle_ticket` reads it, so the arrival's round trip can overlap the CTA's work."""
     cute.arch.sync_threads()
+    taken = Int32(0)
     if tid == 0:
-        taken = cute.arch.atomic_add(ticket, Int32(1), sem="acq_rel", scope="gpu")
+        taken = cute.arch.atomic_add(ticket, Int32(1), sem="release", scope="gpu")
+    return taken
+
+
+@cute.jit
+def settle_ticket(ticket, taken: Int32, arrivals: Int32, flag, tid: Int32) -> Int32:
+    """1 in every thread of the CTA whose arrival (``taken``, from :func:`take_ticket`) was the last of the
+    ``arrivals`` CTAs sharing ``ticket``, else 0; the last CTA resets the counter to zero for the next call and
+    acquires, so that its writes follow every other CTA's reads. ``flag`` is one Int32 of shared memory."""
+    if tid == 0:
         last = Int32(0)
         if taken == arrivals - 1:
             last = Int32(1)
@@ -220,3 +227,10 @@ def last_arrival(ticket, arrivals: Int32, flag, tid: Int32) -> Int32:
     if last != 0:
         cute.arch.fence_acq_rel_gpu()
     return last
+
+
+@cute.jit
+def last_arrival(ticket, arrivals: Int32, flag, tid: Int32) -> Int32:
+    """:func:`settle_ticket` of an arrival taken now: what the CTAs of one request share in place (a conv window
+    read by every head, a window count) is written only by the last one to arrive, after every CTA's reads."""
+    return settle_ticket(ticket, take_ticket(ticket, tid), arrivals, flag, tid)

@@ -49,7 +49,7 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync
 
 from kernel_src.abi import bind, cutlass_dtype, f32, i32, ptr, ssm_strides, strides
-from kernel_src.conv_window import ConvViews, last_arrival, stage_rows, walk_channel
+from kernel_src.conv_window import ConvViews, last_arrival, settle_ticket, stage_rows, take_ticket, walk_channel
 from kernel_src.families import expect_constants
 from kernel_src.ssm_math import accepted_rows, delta_from_dt, silu
 
@@ -360,6 +360,7 @@ class Verify:
         if cutlass.const_expr(compact):
             first_tiles += (Tile(fold_inputs, (w_dt, slot, h), pending, 0, cute.math.min(folds, STAGED_ROWS)),)
 
+        arrival = Int32(0)   # a fused call's arrival at its group's ticket (take_ticket)
         # Large states are processed in row passes so that each lane keeps at most R × V values. ``nth`` counts
         # this CTA's passes (a trace-time constant: its first finds the first tiles staged, a later one may not).
         for nth in cutlass.range_constexpr(self.row_passes):
@@ -387,6 +388,8 @@ class Verify:
                 if cutlass.const_expr(self.fused and nth == 0):
                     # every row's conv outputs, while the first state loads are in flight; every pass reads them
                     self._stage_conv(a, cv, tokens.rows, b, slot, valid, conv_folds, h, g, tid, io_type)
+                    if valid != 0:   # (the group's B and C windows are read: the arrival's trip overlaps the passes)
+                        arrival = take_ticket(self._ticket(a, slot, g), tid)
                 # The first tiles are made ready at once (one wait and two barriers for both); a later pass finds
                 # them still there unless the call has more rows than a tile (then the loops below stage them).
                 if cutlass.const_expr(nth == 0):
@@ -450,7 +453,7 @@ class Verify:
                     w_count[slot, h] = T
         if cutlass.const_expr(self.fused):
             if valid != 0 and split == 0:
-                self._conv_bookkeeping(a, cv, flag, b, slot, conv_folds, h, g, tid)
+                self._conv_bookkeeping(a, cv, flag, b, slot, conv_folds, h, g, arrival, tid)
 
     def _token_buffers(self, io_type):
         """Registers for one token's inputs: x (R; Δ·x in fp32 when the tiles hold it), B (V), C (V)."""
@@ -649,27 +652,30 @@ class Verify:
             stage_rows(cv, sConv, i, b, slot, valid, folds, c, a.seqlen, io_type)
         cute.arch.sync_threads()
 
+    def _ticket(self, a, slot, k):
+        """Ticket [slot, k]: of group k's heads, or with k = G of the groups."""
+        return a.tickets + slot * a.stride_tickets_slot + k * a.stride_tickets_group
+
     @cute.jit
-    def _conv_bookkeeping(self, a, cv, flag, b, slot, folds, h, g, tid):
+    def _conv_bookkeeping(self, a, cv, flag, b, slot, folds, h, g, arrival, tid):
         """Write the fused conv's pool and window record as conv1d_verify would: this head's x channels now
         (only this CTA reads them); a group's B and C channels by the last of its heads to arrive (ticket
-        [slot, g]); in compact mode the window count, which every head reads, by the last group to finish
-        (ticket [slot, G])."""
+        [slot, g], taken once the head's conv had read them: ``arrival``); in compact mode the window count,
+        which every head reads, by the last group to finish (ticket [slot, G])."""
         conv_type, io_type = cutlass_dtype(self.conv_dtype), cutlass_dtype(self.io_dtype)
         P, N, threads = self.headdim, self.d_state, self.num_warps * WARP
         G = a.nheads // a.heads_per_group
         cute.arch.sync_threads()   # every warp has read this head's conv inputs
         for c in cutlass.range(h * P + tid, h * P + P, threads, unroll=1):
             walk_channel(cv, self.mode, b, slot, c, folds, a.seqlen, conv_type, io_type)
-        tickets = a.tickets + slot * a.stride_tickets_slot
-        if last_arrival(tickets + g * a.stride_tickets_group, a.heads_per_group, flag, tid) != 0:
+        if settle_ticket(self._ticket(a, slot, g), arrival, a.heads_per_group, flag, tid) != 0:
             for i in cutlass.range(tid, 2 * N, threads, unroll=1):
                 c = a.nheads * P + g * N + i   # B columns of group g, then its C columns
                 if i >= N:
                     c = a.nheads * P + G * N + g * N + i - N
                 walk_channel(cv, self.mode, b, slot, c, folds, a.seqlen, conv_type, io_type)
             if cutlass.const_expr(self.mode == "compact"):
-                if last_arrival(tickets + G * a.stride_tickets_group, G, flag, tid) != 0:
+                if last_arrival(self._ticket(a, slot, G), G, flag, tid) != 0:
                     if tid == 0:
                         cute.make_tensor(a.conv_window_count, cute.make_layout(
                             (a.num_slots,), stride=(a.stride_conv_window_count_slot,)))[slot] = a.seqlen
