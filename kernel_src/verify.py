@@ -390,6 +390,7 @@ class Verify:
                     self._stage_conv(a, cv, tokens.rows, b, slot, valid, conv_folds, h, g, tid, io_type)
                     if valid != 0:   # (the group's B and C windows are read: the arrival's trip overlaps the passes)
                         arrival = take_ticket(self._ticket(a, slot, g), tid)
+                        self._write_head_channels(a, cv, b, slot, conv_folds, h, tid)
                 # The first tiles are made ready at once (one wait and two barriers for both); a later pass finds
                 # them still there unless the call has more rows than a tile (then the loops below stage them).
                 if cutlass.const_expr(nth == 0):
@@ -657,17 +658,23 @@ class Verify:
         return a.tickets + slot * a.stride_tickets_slot + k * a.stride_tickets_group
 
     @cute.jit
+    def _write_head_channels(self, a, cv, b, slot, folds, h, tid):
+        """Write this head's x channels of the conv pool and window record as conv1d_verify would, once its conv
+        has read them (only this CTA reads them): their stores then overlap the passes."""
+        conv_type, io_type = cutlass_dtype(self.conv_dtype), cutlass_dtype(self.io_dtype)
+        P, threads = self.headdim, self.num_warps * WARP
+        for c in cutlass.range(h * P + tid, h * P + P, threads, unroll=1):
+            walk_channel(cv, self.mode, b, slot, c, folds, a.seqlen, conv_type, io_type)
+
+    @cute.jit
     def _conv_bookkeeping(self, a, cv, flag, b, slot, folds, h, g, arrival, tid):
-        """Write the fused conv's pool and window record as conv1d_verify would: this head's x channels now
-        (only this CTA reads them); a group's B and C channels by the last of its heads to arrive (ticket
-        [slot, g], taken once the head's conv had read them: ``arrival``); in compact mode the window count,
-        which every head reads, by the last group to finish (ticket [slot, G])."""
+        """The rest of the fused conv's pool and window record, as conv1d_verify would write them (this head's x
+        channels are written: :meth:`_write_head_channels`): a group's B and C channels by the last of its heads
+        to arrive (ticket [slot, g], taken once the head's conv had read them: ``arrival``); in compact mode the
+        window count, which every head reads, by the last group to finish (ticket [slot, G])."""
         conv_type, io_type = cutlass_dtype(self.conv_dtype), cutlass_dtype(self.io_dtype)
         P, N, threads = self.headdim, self.d_state, self.num_warps * WARP
         G = a.nheads // a.heads_per_group
-        cute.arch.sync_threads()   # every warp has read this head's conv inputs
-        for c in cutlass.range(h * P + tid, h * P + P, threads, unroll=1):
-            walk_channel(cv, self.mode, b, slot, c, folds, a.seqlen, conv_type, io_type)
         if settle_ticket(self._ticket(a, slot, g), arrival, a.heads_per_group, flag, tid) != 0:
             for i in cutlass.range(tid, 2 * N, threads, unroll=1):
                 c = a.nheads * P + g * N + i   # B columns of group g, then its C columns
