@@ -454,7 +454,7 @@ class Verify:
                     w_count[slot, h] = T
         if cutlass.const_expr(self.fused):
             if valid != 0 and split == 0:
-                self._conv_bookkeeping(a, cv, flag, b, slot, conv_folds, h, g, arrival, tid)
+                self._conv_bookkeeping(a, cv, flag, b, slot, conv_folds, g, arrival, tid)
 
     def _token_buffers(self, io_type):
         """Registers for one token's inputs: x (R; Δ·x in fp32 when the tiles hold it), B (V), C (V)."""
@@ -667,7 +667,7 @@ class Verify:
             walk_channel(cv, self.mode, b, slot, c, folds, a.seqlen, conv_type, io_type)
 
     @cute.jit
-    def _conv_bookkeeping(self, a, cv, flag, b, slot, folds, h, g, arrival, tid):
+    def _conv_bookkeeping(self, a, cv, flag, b, slot, folds, g, arrival, tid):
         """The rest of the fused conv's pool and window record, as conv1d_verify would write them (this head's x
         channels are written: :meth:`_write_head_channels`): a group's B and C channels by the last of its heads
         to arrive (ticket [slot, g], taken once the head's conv had read them: ``arrival``); in compact mode the
