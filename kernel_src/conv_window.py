@@ -214,19 +214,18 @@ def take_ticket(ticket, tid: Int32) -> Int32:
 @cute.jit
 def settle_ticket(ticket, taken: Int32, arrivals: Int32, flag, tid: Int32) -> Int32:
     """1 in every thread of the CTA whose arrival (``taken``, from :func:`take_ticket`) was the last of the
-    ``arrivals`` CTAs sharing ``ticket``, else 0; the last CTA resets the counter to zero for the next call and
-    acquires, so that its writes follow every other CTA's reads. ``flag`` is one Int32 of shared memory."""
+    ``arrivals`` CTAs sharing ``ticket``, else 0; the last CTA resets the counter to zero for the next call. Thread 0,
+    which read the counter, acquires before the barrier that passes "last" on (CUTLASS's wait), so that every
+    thread's writes after it follow every other CTA's reads. ``flag`` is one Int32 of shared memory."""
     if tid == 0:
         last = Int32(0)
         if taken == arrivals - 1:
             last = Int32(1)
+            cute.arch.fence_acq_rel_gpu()
             cute.make_tensor(ticket, cute.make_layout((1,)))[0] = Int32(0)
         flag[0] = last
     cute.arch.sync_threads()
-    last = flag[0]
-    if last != 0:
-        cute.arch.fence_acq_rel_gpu()
-    return last
+    return flag[0]
 
 
 @cute.jit

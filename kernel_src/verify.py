@@ -23,8 +23,9 @@ Fused pre-conv (``conv_dtype`` not "none"): x, B and C are not inputs but the ca
 ``conv1d_verify`` computes them and rounded to the I/O dtype as its output would be; the conv pool and the conv
 window record are written as ``conv1d_verify`` writes them, so a fused call equals the pair conv1d_verify →
 verify bitwise (outputs, both pools, both window records). Each CTA writes the conv state of its head's x
-channels; a group's B and C channels, which every head of the group reads, are written by the group's last head
-to finish and the conv window count by the last group (tickets (num_slots, G + 1)), after every reader is done.
+channels once its conv has read them; a group's B and C channels, which every head of the group reads, are written
+at its end by the group's last head to arrive (each arrives once its conv has read them) and the conv window count
+by the last group (tickets (num_slots, G + 1)), after every reader is done.
 In compact mode each pool clamps num_accepted by its own window count, as the pair would.
 
 Rows are padding (outputs zero, nothing read or written) when the slot index is negative or past the pool;
