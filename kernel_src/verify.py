@@ -152,7 +152,7 @@ class Verify:
         # next tile's staging addresses are live across the token loop, a decode's inputs across the state
         # loads), lanes with 8 rows (N = 64), snapshots rounded to a 16-bit pool, and fp32 I/O from P64 N128.
         # The fused conv's update and snapshot fit 80 registers (a variant that spills there is built at 2:
-        # min_ctas_floor), and at 2 CTAs per SM they ran 1.5x the pair's time at batch >= 8.
+        # min_ctas_floor); what keeps them slower than the pair is not occupancy (docs/PERF_NOTES.md).
         tight_snapshots = mode == "snapshot" and pool_dtype != "fp32"
         wide_io = io_dtype == "fp32" and headdim * d_state >= 64 * 128
         wide = (mode == "compact" or self.cols_per_lane > 4 or self.rows_per_warp >= 8 or tight_snapshots
