@@ -631,6 +631,29 @@ def test_the_cumsum_loads_its_tile_before_its_barrier_and_stores_after(tmp_path)
         assert entry["validated"] is True and "experiments" not in entry
 
 
+def test_the_fused_verify_arrives_before_its_passes_and_acquires_before_its_barrier(tmp_path):
+    """The fused conv + SSM verify's tickets (kernel_src/conv_window.py; docs/PERF_NOTES.md, the pre-conv path,
+    fifty-seventh session), in the SASS of the compact variant, which takes both tickets:
+    - a head arrives at its group's ticket (the first atomic whose old value is kept) before its passes store the
+      state, with the one fence of thread 0's release before it: no thread fences its own stores first;
+    - each acquire (the fence's ``CCTL.IVALL``) is followed by the barrier that passes "last" on, with nothing
+      between them but the ticket's reset: every thread's loads and writes of what the last CTA rewrites follow
+      it."""
+    constants = {"mode": "compact", "headdim": 64, "d_state": 128, "io_dtype": "bf16", "pool_dtype": "fp32",
+                 "conv_dtype": "bf16"}
+    cubin, _ = _compile(tmp_path, "sm_90a", "verify", constants)
+    sass = cubin_checks.sass(cubin, toolchain.cuobjdump())
+    arrivals = [m.start() for m in re.finditer(r"\bATOMG\.E\.ADD\.STRONG\.GPU PT, R\d+", sass)]
+    assert len(arrivals) == 2   # the group's ticket, then the groups' (compact)
+    assert arrivals[0] < sass.index("STG.E.128")   # (the fp32 state's stores)
+    assert sass[:arrivals[0]].count("MEMBAR") == 1
+    acquires = [m.start() for m in re.finditer(r"\bCCTL\.IVALL\b", sass)]
+    assert len(acquires) == 2
+    for at in acquires:
+        until_barrier = sass[at:sass.index("BAR.SYNC", at)]
+        assert "LDG." not in until_barrier and until_barrier.count("STG.") == 1
+
+
 @pytest.mark.parametrize("option,says", [
     ("experiments=bwd_products_ahead", "known: arch, config, experiment"),
     ("archs=sm90", "known: arch, config, experiment"),
